@@ -1,0 +1,51 @@
+/* qcow2zstd engine: a bounded cache of fixed-size slots keyed by u64.
+ *
+ * Used for L2 tables (key: host offset of the table) and for decompressed
+ * clusters (key: the compressed cluster's L2 descriptor).  All memory is
+ * reserved at creation; get and put never allocate.  The cache is split
+ * into shards, each with its own lock, so that lookups from many threads
+ * do not queue on one mutex.  Eviction is CLOCK (second chance) per shard.
+ * A cache of size 0 holds nothing: get always misses, put does nothing.
+ */
+#ifndef QCOW2_CACHE_H
+#define QCOW2_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct qcow2_cache;
+
+struct qcow2_cache_stats {
+  uint64_t hits;
+  uint64_t misses;
+  uint64_t evictions;
+  uint64_t slots;             /* capacity in slots */
+  uint64_t used;              /* slots holding data */
+};
+
+/* A cache of at most TOTAL_BYTES of slots of SLOT_SIZE bytes each
+ * (rounded down to whole slots).  Returns NULL if memory runs out.
+ */
+struct qcow2_cache *qcow2_cache_new (size_t slot_size, uint64_t total_bytes);
+void qcow2_cache_free (struct qcow2_cache *cache);
+
+/* If KEY is cached, copy LEN bytes from OFFSET inside its slot to DST
+ * and return true.  OFFSET + LEN must not exceed the slot size.
+ */
+bool qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
+                      size_t offset, void *dst, size_t len);
+
+/* Store a whole slot (SLOT_SIZE bytes from SRC) under KEY, replacing
+ * what KEY held and evicting another key if the shard is full.
+ */
+void qcow2_cache_put (struct qcow2_cache *cache, uint64_t key,
+                      const void *src);
+
+/* Forget KEY if it is cached. */
+void qcow2_cache_drop (struct qcow2_cache *cache, uint64_t key);
+
+void qcow2_cache_get_stats (struct qcow2_cache *cache,
+                            struct qcow2_cache_stats *stats);
+
+#endif /* QCOW2_CACHE_H */

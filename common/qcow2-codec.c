@@ -1,0 +1,211 @@
+/* qcow2zstd engine: decoders for zlib-type and zstd-type clusters. */
+
+#include <config.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zlib.h>
+#include <zstd.h>
+#ifdef HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
+
+#include "qcow2-codec.h"
+
+struct qcow2_decoder {
+  ZSTD_DCtx *zstd;
+  z_stream zlib;
+  bool zlib_ready;
+#ifdef HAVE_LIBDEFLATE
+  struct libdeflate_decompressor *deflate;
+#endif
+};
+
+struct qcow2_decoder *
+qcow2_decoder_new (void)
+{
+  struct qcow2_decoder *dec = calloc (1, sizeof *dec);
+
+  if (dec == NULL)
+    return NULL;
+  dec->zstd = ZSTD_createDCtx ();
+  if (dec->zstd == NULL)
+    goto fail;
+#ifdef HAVE_LIBDEFLATE
+  dec->deflate = libdeflate_alloc_decompressor ();
+  if (dec->deflate == NULL)
+    goto fail;
+#endif
+  /* qemu writes and reads raw deflate with a 4 KiB window (-12).  Using
+   * the same window makes us refuse exactly the streams qemu refuses.
+   */
+  if (inflateInit2 (&dec->zlib, -12) != Z_OK)
+    goto fail;
+  dec->zlib_ready = true;
+  return dec;
+
+ fail:
+  qcow2_decoder_free (dec);
+  return NULL;
+}
+
+void
+qcow2_decoder_free (struct qcow2_decoder *dec)
+{
+  if (dec == NULL)
+    return;
+  ZSTD_freeDCtx (dec->zstd);
+#ifdef HAVE_LIBDEFLATE
+  if (dec->deflate)
+    libdeflate_free_decompressor (dec->deflate);
+#endif
+  if (dec->zlib_ready)
+    inflateEnd (&dec->zlib);
+  free (dec);
+}
+
+/* qemu's rule: inflate with Z_FINISH must fill the cluster exactly; the
+ * stream may end there or go on (the descriptor's sector count is coarse,
+ * so the input can hold more than the stream).
+ */
+static int
+decode_zlib (struct qcow2_decoder *dec, const uint8_t *in, size_t in_len,
+             uint8_t *out, size_t out_len, char *errbuf, size_t errlen)
+{
+  z_stream *zs = &dec->zlib;
+  int r;
+
+  if (inflateReset (zs) != Z_OK) {
+    snprintf (errbuf, errlen, "zlib: cannot reset the inflate stream");
+    return -1;
+  }
+  zs->next_in = (Bytef *) in;
+  zs->avail_in = in_len;
+  zs->next_out = out;
+  zs->avail_out = out_len;
+  r = inflate (zs, Z_FINISH);
+  if ((r == Z_STREAM_END || r == Z_BUF_ERROR) && zs->avail_out == 0)
+    return 0;
+  if (r == Z_STREAM_END || r == Z_BUF_ERROR)
+    snprintf (errbuf, errlen,
+              "zlib: compressed data yields %zu bytes, not a whole cluster "
+              "of %zu", out_len - zs->avail_out, out_len);
+  else
+    snprintf (errbuf, errlen, "zlib: corrupt compressed data (%s)",
+              zs->msg ? zs->msg : zError (r));
+  return -1;
+}
+
+static int
+decode_deflate (struct qcow2_decoder *dec, const uint8_t *in, size_t in_len,
+                uint8_t *out, size_t out_len, char *errbuf, size_t errlen)
+{
+#ifdef HAVE_LIBDEFLATE
+  size_t in_used, out_made;
+  enum libdeflate_result r;
+
+  /* libdeflate decodes a whole terminated stream in one call, about twice
+   * as fast as zlib.  It stops at the final block, so trailing bytes are
+   * fine.  Anything it does not like (an unterminated stream that fills
+   * the cluster, which qemu accepts) goes to zlib for qemu's exact rule.
+   */
+  r = libdeflate_deflate_decompress_ex (dec->deflate, in, in_len,
+                                        out, out_len, &in_used, &out_made);
+  if (r == LIBDEFLATE_SUCCESS && out_made == out_len)
+    return 0;
+#endif
+  return decode_zlib (dec, in, in_len, out, out_len, errbuf, errlen);
+}
+
+/* qemu's rule for zstd: decode frame after frame until the cluster is
+ * full; the last frame must end exactly there.
+ */
+static int
+decode_zstd_stream (struct qcow2_decoder *dec,
+                    const uint8_t *in, size_t in_len,
+                    uint8_t *out, size_t out_len, char *errbuf, size_t errlen)
+{
+  ZSTD_inBuffer input = { .src = in, .size = in_len, .pos = 0 };
+  ZSTD_outBuffer output = { .dst = out, .size = out_len, .pos = 0 };
+  size_t r = 0;
+
+  ZSTD_DCtx_reset (dec->zstd, ZSTD_reset_session_only);
+  while (output.pos < output.size) {
+    size_t in_before = input.pos, out_before = output.pos;
+
+    r = ZSTD_decompressStream (dec->zstd, &output, &input);
+    if (ZSTD_isError (r)) {
+      snprintf (errbuf, errlen, "zstd: corrupt compressed data (%s)",
+                ZSTD_getErrorName (r));
+      return -1;
+    }
+    if (input.pos <= in_before && output.pos <= out_before) {
+      snprintf (errbuf, errlen,
+                "zstd: compressed data yields %zu bytes, not a whole "
+                "cluster of %zu", output.pos, out_len);
+      return -1;
+    }
+  }
+  if (r != 0) {
+    snprintf (errbuf, errlen,
+              "zstd: compressed data yields more than a cluster of %zu bytes",
+              out_len);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+decode_zstd (struct qcow2_decoder *dec, const uint8_t *in, size_t in_len,
+             uint8_t *out, size_t out_len, char *errbuf, size_t errlen)
+{
+  size_t frame_len, r;
+
+  /* The common case, one frame holding the whole cluster: decode it in
+   * one call straight into OUT.  The range usually has trailing bytes,
+   * so the frame must be measured first.
+   */
+  frame_len = ZSTD_findFrameCompressedSize (in, in_len);
+  if (!ZSTD_isError (frame_len)) {
+    r = ZSTD_decompressDCtx (dec->zstd, out, out_len, in, frame_len);
+    if (!ZSTD_isError (r) && r == out_len)
+      return 0;
+  }
+  return decode_zstd_stream (dec, in, in_len, out, out_len, errbuf, errlen);
+}
+
+int
+qcow2_decode_cluster (struct qcow2_decoder *dec, enum qcow2_compression type,
+                      const uint8_t *in, size_t in_len,
+                      uint8_t *out, size_t out_len,
+                      char *errbuf, size_t errlen)
+{
+  switch (type) {
+  case QCOW2_COMPRESSION_ZLIB:
+    return decode_deflate (dec, in, in_len, out, out_len, errbuf, errlen);
+  case QCOW2_COMPRESSION_ZSTD:
+    return decode_zstd (dec, in, in_len, out, out_len, errbuf, errlen);
+  }
+  snprintf (errbuf, errlen, "unknown compression type %d", (int) type);
+  return -1;
+}
+
+void
+qcow2_codec_versions (char *buf, size_t len)
+{
+#ifdef HAVE_LIBDEFLATE
+  snprintf (buf, len, "zlib=%s zstd=%s libdeflate=%s",
+            zlibVersion (), ZSTD_versionString (), LIBDEFLATE_VERSION_STRING);
+#else
+  snprintf (buf, len, "zlib=%s zstd=%s", zlibVersion (), ZSTD_versionString ());
+#endif
+}
+
+const char *
+qcow2_compression_name (enum qcow2_compression type)
+{
+  return type == QCOW2_COMPRESSION_ZSTD ? "zstd" : "zlib";
+}

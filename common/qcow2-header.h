@@ -1,0 +1,105 @@
+/* qcow2zstd engine: the qcow2 header, parsed and validated.
+ *
+ * qcow2_header_parse() turns the first cluster of an image into a
+ * struct qcow2_header, checking every field against the format and the
+ * file size before anything else uses it.  It does no I/O and never
+ * allocates, so the fuzz targets can feed it arbitrary bytes.
+ */
+#ifndef QCOW2_HEADER_H
+#define QCOW2_HEADER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define QCOW2_MAGIC 0x514649fbu     /* "QFI\xfb" */
+
+#define QCOW2_MIN_CLUSTER_BITS 9
+#define QCOW2_MAX_CLUSTER_BITS 21
+
+/* Incompatible feature bits. */
+#define QCOW2_INCOMPAT_DIRTY        (UINT64_C (1) << 0)
+#define QCOW2_INCOMPAT_CORRUPT      (UINT64_C (1) << 1)
+#define QCOW2_INCOMPAT_DATA_FILE    (UINT64_C (1) << 2)
+#define QCOW2_INCOMPAT_COMPRESSION  (UINT64_C (1) << 3)
+#define QCOW2_INCOMPAT_EXTL2        (UINT64_C (1) << 4)
+#define QCOW2_INCOMPAT_KNOWN        (UINT64_C (0x1f))
+
+#define QCOW2_COMPAT_LAZY_REFCOUNTS (UINT64_C (1) << 0)
+
+/* Header extension types. */
+#define QCOW2_EXT_END            0x00000000u
+#define QCOW2_EXT_BACKING_FORMAT 0xe2792acau
+#define QCOW2_EXT_FEATURE_NAMES  0x6803f857u
+#define QCOW2_EXT_BITMAPS        0x23852875u
+#define QCOW2_EXT_CRYPTO         0x0537be77u
+#define QCOW2_EXT_DATA_FILE      0x44415441u
+
+enum qcow2_compression {
+  QCOW2_COMPRESSION_ZLIB = 0,
+  QCOW2_COMPRESSION_ZSTD = 1,
+};
+
+/* L1 tables are at most 32 MiB (qemu's limit). */
+#define QCOW2_MAX_L1_BYTES (UINT64_C (32) << 20)
+
+/* Host offsets must stay below 2^56. */
+#define QCOW2_MAX_HOST_OFFSET (UINT64_C (1) << 56)
+
+struct qcow2_header {
+  uint32_t version;                 /* 2 or 3 */
+  uint64_t backing_file_offset;
+  uint32_t backing_file_size;
+  uint32_t cluster_bits;
+  uint32_t cluster_size;
+  uint64_t virtual_size;
+  uint32_t crypt_method;
+  uint32_t l1_size;                 /* entries */
+  uint64_t l1_table_offset;
+  uint64_t refcount_table_offset;
+  uint32_t refcount_table_clusters;
+  uint32_t nb_snapshots;
+  uint64_t snapshots_offset;
+  uint64_t incompatible_features;
+  uint64_t compatible_features;
+  uint64_t autoclear_features;
+  uint32_t refcount_order;
+  uint32_t header_length;
+  enum qcow2_compression compression_type;
+
+  /* Derived. */
+  uint32_t l2_bits;                 /* log2 of L2 entries per table */
+  uint32_t l2_entry_size;           /* 8, or 16 with extended L2 */
+  bool extended_l2;
+  uint64_t file_size;               /* of the image when parsed */
+};
+
+/* Parse the header in BUF (LEN bytes from offset 0 of the image; the
+ * whole first cluster, or the whole file if it is shorter).  FILE_SIZE is
+ * the size of the image.  On error returns -1 and writes a sentence that
+ * names the offending field into ERRBUF (ERRLEN bytes); returns 0 on
+ * success.  Checks only what every reader needs; what a particular use
+ * refuses (backing files, encryption, ...) is qcow2_header_check_features.
+ */
+int qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
+                        struct qcow2_header *h, char *errbuf, size_t errlen);
+
+/* Refuse what the engine cannot serve: backing files, encryption,
+ * external data files, unknown incompatible bits, extended L2.  Same
+ * error convention as qcow2_header_parse.
+ */
+int qcow2_header_check_features (const struct qcow2_header *h,
+                                 char *errbuf, size_t errlen);
+
+/* Walk the header extensions.  Calls FN for each extension (type, data,
+ * length) until it returns nonzero or the end marker.  Returns -1 with a
+ * message in ERRBUF if an extension runs out of its space, else 0.
+ */
+typedef int (*qcow2_ext_fn) (void *opaque, uint32_t type,
+                             const uint8_t *data, uint32_t len);
+int qcow2_header_walk_extensions (const uint8_t *buf, size_t len,
+                                  const struct qcow2_header *h,
+                                  qcow2_ext_fn fn, void *opaque,
+                                  char *errbuf, size_t errlen);
+
+#endif /* QCOW2_HEADER_H */

@@ -1,0 +1,36 @@
+/* qcow2zstd engine: the storage and logging interfaces the engine uses.
+ *
+ * The engine never calls nbdkit.  Whoever drives it (the nbdkit filter,
+ * a unit test, a fuzz target) supplies a struct qcow2_io for the bytes of
+ * the image and a struct qcow2_log for messages.
+ */
+#ifndef QCOW2_IO_H
+#define QCOW2_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct qcow2_io {
+  void *opaque;
+
+  /* Read exactly COUNT bytes at OFFSET.  The engine only asks for bytes
+   * below size(); it clamps its own requests.  Returns 0, or -errno.
+   * Called only from the thread that called into the engine, never from
+   * pool workers, so it needs no more thread safety than its caller has.
+   */
+  int (*pread) (void *opaque, void *buf, size_t count, uint64_t offset);
+
+  /* Size of the image in bytes, or -errno. */
+  int64_t (*size) (void *opaque);
+};
+
+/* Messages.  Both callbacks may be NULL.  MSG is a complete sentence
+ * without a trailing newline.
+ */
+struct qcow2_log {
+  void *opaque;
+  void (*error) (void *opaque, const char *msg);
+  void (*debug) (void *opaque, const char *msg);
+};
+
+#endif /* QCOW2_IO_H */

@@ -1,0 +1,54 @@
+/* qcow2zstd engine: a small pool of worker threads running batches of jobs.
+ *
+ * One pool serves one NBD connection.  A batch is N independent jobs of
+ * one function (decode cluster i).  Several threads may submit batches at
+ * once; the submitter keeps working (reading the next chunk underneath)
+ * and then joins in on its own batch while waiting for it, so that it
+ * never sits idle.  Every worker owns a per-thread state made by the
+ * pool's init callback (decoder contexts, scratch buffers) and reuses it
+ * for every job: running a job allocates nothing.
+ */
+#ifndef QCOW2_POOL_H
+#define QCOW2_POOL_H
+
+#include <stddef.h>
+
+struct qcow2_pool;
+
+struct qcow2_batch {
+  /* Set by the submitter. */
+  void (*run) (void *arg, size_t index, void *thread_state);
+  void *arg;
+  size_t count;
+
+  /* Owned by the pool. */
+  size_t next;                  /* next index to hand out */
+  size_t done;                  /* jobs finished */
+  struct qcow2_batch *queue_next;
+  int queued;
+};
+
+/* Start NTHREADS workers (0 is allowed: the submitters do all the work).
+ * INIT makes a worker's state (returning NULL fails the pool's creation),
+ * FINI frees it.  Returns NULL on failure.
+ */
+struct qcow2_pool *qcow2_pool_new (unsigned nthreads,
+                                   void *(*init) (void *arg),
+                                   void (*fini) (void *state),
+                                   void *arg);
+
+/* Stop and join the workers.  No batch may be in flight. */
+void qcow2_pool_free (struct qcow2_pool *pool);
+
+/* Hand BATCH to the workers and return at once. */
+void qcow2_pool_submit (struct qcow2_pool *pool, struct qcow2_batch *batch);
+
+/* Run the batch's unclaimed jobs on this thread with CALLER_STATE, then
+ * wait until every job of the batch has finished.
+ */
+void qcow2_pool_wait (struct qcow2_pool *pool, struct qcow2_batch *batch,
+                      void *caller_state);
+
+unsigned qcow2_pool_threads (const struct qcow2_pool *pool);
+
+#endif /* QCOW2_POOL_H */

@@ -1,0 +1,574 @@
+/* qcow2zstd engine: the read path.
+ *
+ * A read walks the L2 entries of the request in order.  Zero and
+ * unallocated clusters are filled in place; runs of normal clusters that
+ * are contiguous on the host become one read underneath, straight into
+ * the caller's buffer.  Compressed clusters are gathered into a chunk
+ * whose compressed bytes lie (nearly) back to back on the host: the chunk
+ * is fetched with one read of at most request_size bytes into a staging
+ * buffer, and its clusters are decoded by the connection's pool, straight
+ * into the caller's buffer when the request covers a whole cluster.  While
+ * the pool decodes one chunk the calling thread reads the next one into
+ * the second staging buffer.
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qcow2-internal.h"
+#include "qcow2-codec.h"
+#include "qcow2-pool.h"
+
+/* L2 entries fetched at a time (on the stack). */
+#define ENTRY_BATCH 512
+
+/* Most clusters in one chunk. */
+#define MAX_CHUNK_CLUSTERS 1024
+
+/* Compressed ranges this far apart still share one read underneath: a
+ * read of a few wasted KiB is cheaper than a second request.
+ */
+#define MAX_CHUNK_GAP 4096
+
+/* Decoding one small cluster takes less time than waking a thread, so
+ * one job decodes at least this many bytes' worth of clusters.
+ */
+#define MIN_JOB_BYTES (64 * 1024)
+
+struct thread_state {
+  struct qcow2_decoder *dec;
+  uint8_t *scratch;             /* one cluster */
+  char err[256];
+};
+
+/* One compressed cluster to decode. */
+struct job {
+  uint32_t in_off;              /* of its data in the staging buffer */
+  uint32_t in_len;
+  uint8_t *whole_dst;           /* the request covers the cluster: decode here */
+  uint8_t *part_dst;            /* else copy part_len bytes from part_off */
+  uint32_t part_off, part_len;
+  uint64_t key;                 /* L2 entry, the cluster cache key */
+  uint64_t guest_offset;        /* for messages */
+};
+
+struct chunk {
+  struct qcow2_batch batch;
+  struct qcow2_image *img;
+  size_t clusters_per_job;
+  uint8_t *staging;
+  struct job jobs[MAX_CHUNK_CLUSTERS];
+  size_t njobs;
+  uint64_t host_start, host_end;
+  bool in_flight;
+  _Atomic int failed;
+  char errmsg[400];
+};
+
+/* The state of one read in progress.  A reader keeps the ones it made on
+ * a free list, so concurrent reads of one connection each get their own
+ * without allocating on every request.
+ */
+struct request {
+  struct request *next_free;
+  struct chunk chunk[2];
+  unsigned cur;
+  struct thread_state caller;
+  uint8_t *l2buf;
+
+  /* A pending run of host-contiguous normal clusters. */
+  uint8_t *run_dst;
+  uint64_t run_host, run_len;
+};
+
+struct qcow2_reader {
+  struct qcow2_image *img;
+  struct qcow2_pool *pool;
+  size_t staging_size;
+  pthread_mutex_t lock;
+  struct request *free_list;
+};
+
+static void *
+thread_state_new (void *arg)
+{
+  struct qcow2_image *img = arg;
+  struct thread_state *ts = calloc (1, sizeof *ts);
+
+  if (ts == NULL)
+    return NULL;
+  ts->dec = qcow2_decoder_new ();
+  ts->scratch = malloc (img->header.cluster_size);
+  if (ts->dec == NULL || ts->scratch == NULL) {
+    qcow2_decoder_free (ts->dec);
+    free (ts->scratch);
+    free (ts);
+    return NULL;
+  }
+  return ts;
+}
+
+static void
+thread_state_free (void *state)
+{
+  struct thread_state *ts = state;
+
+  if (ts == NULL)
+    return;
+  qcow2_decoder_free (ts->dec);
+  free (ts->scratch);
+  free (ts);
+}
+
+static void
+decode_one (struct chunk *c, struct job *j, struct thread_state *ts)
+{
+  struct qcow2_image *img = c->img;
+  uint8_t *out = j->whole_dst ? j->whole_dst : ts->scratch;
+  int expected = 0;
+
+  if (qcow2_decode_cluster (ts->dec, img->header.compression_type,
+                            c->staging + j->in_off, j->in_len,
+                            out, img->header.cluster_size,
+                            ts->err, sizeof ts->err) < 0) {
+    if (atomic_compare_exchange_strong (&c->failed, &expected, 1))
+      snprintf (c->errmsg, sizeof c->errmsg,
+                "compressed cluster at guest offset 0x%" PRIx64
+                " (host offset 0x%" PRIx64 ", %u bytes): %s",
+                j->guest_offset, c->host_start + j->in_off, j->in_len,
+                ts->err);
+    return;
+  }
+  atomic_fetch_add_explicit (&img->clusters_decompressed, 1,
+                             memory_order_relaxed);
+  if (j->whole_dst == NULL) {
+    if (j->part_len)
+      memcpy (j->part_dst, out + j->part_off, j->part_len);
+    qcow2_cache_put (img->cluster_cache, j->key, out);
+  }
+}
+
+static void
+run_job (void *arg, size_t index, void *state)
+{
+  struct chunk *c = arg;
+  size_t i = index * c->clusters_per_job;
+  size_t end = i + c->clusters_per_job;
+
+  if (end > c->njobs)
+    end = c->njobs;
+  for (; i < end; ++i)
+    decode_one (c, &c->jobs[i], state);
+}
+
+static void
+request_free (struct request *req)
+{
+  if (req == NULL)
+    return;
+  free (req->chunk[0].staging);
+  free (req->chunk[1].staging);
+  free (req->l2buf);
+  qcow2_decoder_free (req->caller.dec);
+  free (req->caller.scratch);
+  free (req);
+}
+
+static struct request *
+request_get (struct qcow2_reader *reader)
+{
+  struct qcow2_image *img = reader->img;
+  struct request *req;
+  struct thread_state *ts;
+  unsigned i;
+
+  pthread_mutex_lock (&reader->lock);
+  req = reader->free_list;
+  if (req)
+    reader->free_list = req->next_free;
+  pthread_mutex_unlock (&reader->lock);
+  if (req)
+    return req;
+
+  req = calloc (1, sizeof *req);
+  if (req == NULL)
+    goto nomem;
+  for (i = 0; i < 2; ++i) {
+    req->chunk[i].img = img;
+    req->chunk[i].staging = malloc (reader->staging_size);
+    if (req->chunk[i].staging == NULL)
+      goto nomem;
+  }
+  req->l2buf = malloc (img->header.cluster_size);
+  ts = thread_state_new (img);
+  if (req->l2buf == NULL || ts == NULL)
+    goto nomem;
+  req->caller = *ts;
+  free (ts);
+  return req;
+
+ nomem:
+  request_free (req);
+  qcow2_error (img, "out of memory for a read request");
+  return NULL;
+}
+
+static void
+request_put (struct qcow2_reader *reader, struct request *req)
+{
+  pthread_mutex_lock (&reader->lock);
+  req->next_free = reader->free_list;
+  reader->free_list = req;
+  pthread_mutex_unlock (&reader->lock);
+}
+
+struct qcow2_reader *
+qcow2_reader_new (struct qcow2_image *img)
+{
+  struct qcow2_reader *reader = calloc (1, sizeof *reader);
+
+  if (reader == NULL) {
+    qcow2_error (img, "out of memory for a reader");
+    return NULL;
+  }
+  reader->img = img;
+  pthread_mutex_init (&reader->lock, NULL);
+  /* A staging buffer holds at least the largest compressed range one
+   * descriptor can name: 2^(cluster_bits-8) sectors of 512 bytes.
+   */
+  reader->staging_size = img->opts.request_size;
+  if (reader->staging_size < 2 * (uint64_t) img->header.cluster_size)
+    reader->staging_size = 2 * (uint64_t) img->header.cluster_size;
+  reader->pool = qcow2_pool_new (img->opts.threads, thread_state_new,
+                                 thread_state_free, img);
+  if (reader->pool == NULL) {
+    qcow2_error (img, "cannot start %u worker threads", img->opts.threads);
+    pthread_mutex_destroy (&reader->lock);
+    free (reader);
+    return NULL;
+  }
+  return reader;
+}
+
+void
+qcow2_reader_free (struct qcow2_reader *reader)
+{
+  struct request *req;
+
+  if (reader == NULL)
+    return;
+  qcow2_pool_free (reader->pool);
+  while ((req = reader->free_list) != NULL) {
+    reader->free_list = req->next_free;
+    request_free (req);
+  }
+  pthread_mutex_destroy (&reader->lock);
+  free (reader);
+}
+
+/* Wait for chunk C if the pool has it; returns its error. */
+static int
+chunk_finish (struct qcow2_reader *reader, struct request *req,
+              struct chunk *c)
+{
+  int r = 0;
+
+  if (c->in_flight) {
+    qcow2_pool_wait (reader->pool, &c->batch, &req->caller);
+    c->in_flight = false;
+    if (atomic_load (&c->failed)) {
+      qcow2_error (reader->img, "%s", c->errmsg);
+      r = -EIO;
+    }
+  }
+  c->njobs = 0;
+  return r;
+}
+
+/* Read the current chunk's compressed bytes and hand it to the pool,
+ * then make the other chunk current (waiting for it first if needed).
+ */
+static int
+chunk_flush (struct qcow2_reader *reader, struct request *req,
+             struct qcow2_io *io)
+{
+  struct qcow2_image *img = reader->img;
+  struct chunk *c = &req->chunk[req->cur];
+  int r;
+
+  if (c->njobs == 0)
+    return 0;
+  r = qcow2_pread_clamped (img, io, c->staging, c->host_end - c->host_start,
+                           c->host_start);
+  if (r < 0) {
+    c->njobs = 0;
+    return r;
+  }
+  atomic_store (&c->failed, 0);
+  c->clusters_per_job = MIN_JOB_BYTES / img->header.cluster_size;
+  if (c->clusters_per_job == 0)
+    c->clusters_per_job = 1;
+  c->batch.run = run_job;
+  c->batch.arg = c;
+  c->batch.count = (c->njobs + c->clusters_per_job - 1) / c->clusters_per_job;
+  c->in_flight = true;
+  qcow2_pool_submit (reader->pool, &c->batch);
+
+  req->cur ^= 1;
+  return chunk_finish (reader, req, &req->chunk[req->cur]);
+}
+
+static int
+add_compressed (struct qcow2_reader *reader, struct request *req,
+                struct qcow2_io *io, const struct cluster_map *map,
+                uint64_t guest_offset, uint8_t *dst,
+                uint32_t part_off, uint32_t part_len)
+{
+  struct qcow2_image *img = reader->img;
+  struct chunk *c = &req->chunk[req->cur];
+  uint64_t start = map->host_offset;
+  uint64_t end = start + map->compressed_len;
+  struct job *j;
+  int r;
+
+  if (c->njobs > 0) {
+    uint64_t new_end = end > c->host_end ? end : c->host_end;
+    if (start < c->host_start || start > c->host_end + MAX_CHUNK_GAP ||
+        new_end - c->host_start > reader->staging_size ||
+        c->njobs == MAX_CHUNK_CLUSTERS) {
+      r = chunk_flush (reader, req, io);
+      if (r < 0)
+        return r;
+      c = &req->chunk[req->cur];
+    }
+  }
+  if (c->njobs == 0) {
+    c->host_start = start;
+    c->host_end = end;
+  }
+  else if (end > c->host_end)
+    c->host_end = end;
+
+  j = &c->jobs[c->njobs++];
+  j->in_off = start - c->host_start;
+  j->in_len = map->compressed_len;
+  j->key = map->l2_entry;
+  j->guest_offset = guest_offset;
+  if (dst && part_off == 0 && part_len == img->header.cluster_size) {
+    j->whole_dst = dst;
+    j->part_dst = NULL;
+    j->part_off = j->part_len = 0;
+  }
+  else {
+    j->whole_dst = NULL;
+    j->part_dst = dst;
+    j->part_off = part_off;
+    j->part_len = dst ? part_len : 0;
+  }
+  return 0;
+}
+
+static int
+run_flush (struct qcow2_image *img, struct request *req, struct qcow2_io *io)
+{
+  int r = 0;
+
+  if (req->run_len)
+    r = qcow2_pread_clamped (img, io, req->run_dst, req->run_len,
+                             req->run_host);
+  req->run_len = 0;
+  return r;
+}
+
+static int
+add_normal (struct qcow2_reader *reader, struct request *req,
+            struct qcow2_io *io, uint64_t host, uint8_t *dst, uint64_t len)
+{
+  int r;
+
+  if (req->run_len && req->run_host + req->run_len == host &&
+      req->run_dst + req->run_len == dst &&
+      req->run_len + len <= reader->img->opts.request_size) {
+    req->run_len += len;
+    return 0;
+  }
+  r = run_flush (reader->img, req, io);
+  req->run_host = host;
+  req->run_dst = dst;
+  req->run_len = len;
+  return r;
+}
+
+/* The read path; with BUF NULL it only fills the cluster cache with the
+ * compressed clusters of the range that are not in it yet.
+ */
+static int
+read_range (struct qcow2_reader *reader, struct qcow2_io *io,
+            uint8_t *buf, uint64_t count, uint64_t offset)
+{
+  struct qcow2_image *img = reader->img;
+  const uint32_t bits = img->header.cluster_bits;
+  const uint64_t cluster_size = img->header.cluster_size;
+  const uint64_t end = offset + count;
+  uint64_t entries[ENTRY_BATCH];
+  uint64_t pos = offset;
+  struct request *req;
+  int r = 0, r2;
+
+  if (count == 0)
+    return 0;
+  if (offset > img->header.virtual_size ||
+      count > img->header.virtual_size - offset) {
+    qcow2_error (img, "read of %" PRIu64 " bytes at %" PRIu64
+                 " is beyond the virtual size %" PRIu64,
+                 count, offset, img->header.virtual_size);
+    return -EINVAL;
+  }
+  req = request_get (reader);
+  if (req == NULL)
+    return -ENOMEM;
+  req->cur = 0;
+  req->run_len = 0;
+
+  while (pos < end && r == 0) {
+    uint64_t first = pos >> bits;
+    uint64_t last = (end - 1) >> bits;
+    size_t n = last - first + 1 < ENTRY_BATCH ? last - first + 1 : ENTRY_BATCH;
+    size_t i;
+
+    r = qcow2_l2_entries (img, io, first, &n, entries, req->l2buf);
+    for (i = 0; i < n && r == 0; ++i) {
+      uint64_t cstart = (first + i) << bits;
+      uint64_t lo = pos > cstart ? pos : cstart;
+      uint64_t hi = end < cstart + cluster_size ? end : cstart + cluster_size;
+      uint8_t *dst = buf ? buf + (lo - offset) : NULL;
+      struct cluster_map map;
+
+      r = qcow2_classify (img, first + i, entries[i], &map);
+      if (r < 0)
+        break;
+      switch (map.kind) {
+      case CLUSTER_UNALLOCATED:
+      case CLUSTER_ZERO:
+        if (dst)
+          memset (dst, 0, hi - lo);
+        break;
+      case CLUSTER_NORMAL:
+        if (dst)
+          r = add_normal (reader, req, io, map.host_offset + (lo - cstart),
+                          dst, hi - lo);
+        break;
+      case CLUSTER_COMPRESSED:
+        /* A whole cluster is decoded straight into the caller's buffer;
+         * a part of one is served from, or goes into, the cluster cache.
+         */
+        if (dst && hi - lo == cluster_size) {
+          r = add_compressed (reader, req, io, &map, cstart, dst,
+                              0, cluster_size);
+          break;
+        }
+        if (qcow2_cache_get (img->cluster_cache, map.l2_entry, lo - cstart,
+                             dst, dst ? hi - lo : 0))
+          break;
+        r = add_compressed (reader, req, io, &map, cstart, dst,
+                            lo - cstart, hi - lo);
+        break;
+      }
+      pos = hi;
+    }
+  }
+
+  r2 = run_flush (img, req, io);
+  if (r == 0)
+    r = r2;
+  if (r == 0)
+    r = chunk_flush (reader, req, io);
+  /* Whatever happened, no chunk may still be in the pool's hands. */
+  r2 = chunk_finish (reader, req, &req->chunk[0]);
+  if (r == 0)
+    r = r2;
+  r2 = chunk_finish (reader, req, &req->chunk[1]);
+  if (r == 0)
+    r = r2;
+  request_put (reader, req);
+  return r;
+}
+
+int
+qcow2_read (struct qcow2_reader *reader, struct qcow2_io *io,
+            void *buf, uint64_t count, uint64_t offset)
+{
+  return read_range (reader, io, buf, count, offset);
+}
+
+int
+qcow2_prefetch (struct qcow2_reader *reader, struct qcow2_io *io,
+                uint64_t offset, uint64_t count)
+{
+  return read_range (reader, io, NULL, count, offset);
+}
+
+int
+qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
+               uint64_t offset, uint64_t count,
+               qcow2_extent_fn fn, void *opaque)
+{
+  struct qcow2_image *img = reader->img;
+  const uint32_t bits = img->header.cluster_bits;
+  const uint64_t end = offset + count;
+  uint64_t entries[ENTRY_BATCH];
+  uint64_t pos = offset, run_start = offset;
+  bool run_zero = false;
+  struct request *req;
+  int r = 0;
+
+  if (count == 0)
+    return 0;
+  req = request_get (reader);
+  if (req == NULL)
+    return -ENOMEM;
+
+  while (pos < end && r == 0) {
+    uint64_t first = pos >> bits;
+    uint64_t last = (end - 1) >> bits;
+    size_t n = last - first + 1 < ENTRY_BATCH ? last - first + 1 : ENTRY_BATCH;
+    size_t i;
+
+    r = qcow2_l2_entries (img, io, first, &n, entries, req->l2buf);
+    for (i = 0; i < n && r == 0; ++i) {
+      uint64_t cend = (first + i + 1) << bits;
+      uint64_t hi = end < cend ? end : cend;
+      struct cluster_map map;
+      bool zero;
+
+      r = qcow2_classify (img, first + i, entries[i], &map);
+      if (r < 0)
+        break;
+      zero = map.kind == CLUSTER_UNALLOCATED || map.kind == CLUSTER_ZERO;
+      if (pos == offset)
+        run_zero = zero;
+      else if (zero != run_zero) {
+        r = fn (opaque, run_start, pos - run_start, run_zero);
+        run_start = pos;
+        run_zero = zero;
+      }
+      pos = hi;
+    }
+  }
+  /* Report what was classified even if a later entry failed, so that a
+   * client still makes progress up to the bad cluster.
+   */
+  if (pos > run_start) {
+    int r2 = fn (opaque, run_start, pos - run_start, run_zero);
+    if (r == 0)
+      r = r2;
+  }
+  request_put (reader, req);
+  return r;
+}

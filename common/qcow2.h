@@ -1,0 +1,91 @@
+/* qcow2zstd engine: the public interface.
+ *
+ * An image (struct qcow2_image) is opened once and shared by every
+ * connection: it holds the parsed header, the L1 table, the L2 cache and
+ * the decompressed-cluster cache.  Each connection makes a reader
+ * (struct qcow2_reader): its own worker pool, decoder contexts and
+ * staging buffers.  Every call takes the struct qcow2_io to use for that
+ * call, so the caller decides which handle underneath serves it.
+ *
+ * Errors: functions return 0 or a negative errno, and report a sentence
+ * through the image's struct qcow2_log first.
+ */
+#ifndef QCOW2_H
+#define QCOW2_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "qcow2-header.h"
+#include "qcow2-io.h"
+
+struct qcow2_options {
+  unsigned threads;               /* pool workers per reader; 0: none */
+  uint64_t request_size;          /* largest coalesced read underneath */
+  uint64_t l2_cache_size;         /* bytes */
+  uint64_t cluster_cache_size;    /* bytes */
+};
+
+#define QCOW2_DEFAULT_REQUEST_SIZE       (UINT64_C (4) << 20)
+#define QCOW2_DEFAULT_L2_CACHE_SIZE      (UINT64_C (32) << 20)
+#define QCOW2_DEFAULT_CLUSTER_CACHE_SIZE (UINT64_C (64) << 20)
+#define QCOW2_MIN_REQUEST_SIZE           (UINT64_C (4) << 10)
+#define QCOW2_MAX_REQUEST_SIZE           (UINT64_C (64) << 20)
+
+/* Counters kept by the image, for statistics and debugging. */
+struct qcow2_stats {
+  uint64_t clusters_decompressed;
+  uint64_t cluster_cache_hits;
+  uint64_t cluster_cache_misses;
+  uint64_t l2_cache_hits;
+  uint64_t l2_cache_misses;
+  uint64_t bytes_read_underneath;
+  uint64_t reads_underneath;
+};
+
+struct qcow2_image;
+struct qcow2_reader;
+
+/* Open the image that IO reads: parse and validate the header, read the
+ * L1 table, set up the caches.  LOG receives errors (and, if set,
+ * debug messages) for the life of the image.
+ */
+int qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
+                      const struct qcow2_options *opts,
+                      struct qcow2_image **image);
+void qcow2_image_close (struct qcow2_image *image);
+
+const struct qcow2_header *qcow2_image_header (const struct qcow2_image *image);
+void qcow2_image_get_stats (struct qcow2_image *image,
+                            struct qcow2_stats *stats);
+
+/* Per-connection state.  Returns NULL (after logging) on failure. */
+struct qcow2_reader *qcow2_reader_new (struct qcow2_image *image);
+void qcow2_reader_free (struct qcow2_reader *reader);
+
+/* Read COUNT bytes of the guest disk at OFFSET into BUF.  The range must
+ * lie inside the virtual size.  Thread safe: several threads may read
+ * through one reader at once.
+ */
+int qcow2_read (struct qcow2_reader *reader, struct qcow2_io *io,
+                void *buf, uint64_t count, uint64_t offset);
+
+/* Report the allocation of [OFFSET, OFFSET+COUNT): FN is called for
+ * consecutive ranges in order, with ZERO true for ranges that read as
+ * zeros without data behind them (unallocated or zero clusters).  FN
+ * returns 0 to go on, or a negative errno to stop with that error.
+ * Reporting may stop early, after at least one range.
+ */
+typedef int (*qcow2_extent_fn) (void *opaque, uint64_t offset,
+                                uint64_t length, bool zero);
+int qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
+                   uint64_t offset, uint64_t count,
+                   qcow2_extent_fn fn, void *opaque);
+
+/* Decompress the compressed clusters under [OFFSET, OFFSET+COUNT) into
+ * the cluster cache, for NBD_CMD_CACHE.
+ */
+int qcow2_prefetch (struct qcow2_reader *reader, struct qcow2_io *io,
+                    uint64_t offset, uint64_t count);
+
+#endif /* QCOW2_H */
