@@ -1,0 +1,128 @@
+# Helpers sourced by the shell tests: starting and stopping nbdkit with
+# the filter from the build tree, skipping when a tool is missing, and a
+# scratch directory removed at exit.
+#
+# Variables set by the Makefile (TESTS_ENVIRONMENT); each has a default so
+# that a test can also be run by hand from the top of the build tree:
+#   FILTER        the built filter, .libs/nbdkit-qcow2zstd-filter.so
+#   top_srcdir, top_builddir
+
+set -euo pipefail
+
+: "${top_builddir:=$(pwd)}"
+: "${top_srcdir:=$top_builddir}"
+: "${FILTER:=$top_builddir/filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so}"
+export FILTER
+
+# Exit 77 (skip) with a reason unless every named command exists.
+requires ()
+{
+    local cmd
+    for cmd in "$@"; do
+        if ! command -v "$cmd" >/dev/null 2>&1; then
+            echo "$0: skipped: '$cmd' is not installed"
+            exit 77
+        fi
+    done
+}
+
+requires nbdkit qemu-img
+
+if [ ! -f "$FILTER" ]; then
+    echo "$0: the filter is not built: $FILTER" >&2
+    exit 1
+fi
+
+# Under --enable-sanitizers the filter needs the sanitizer runtimes loaded
+# into nbdkit, which is not built with them.
+NBDKIT_ENV=()
+if [ "${SANITIZERS:-no}" = yes ]; then
+    NBDKIT_ENV=(env
+        "LD_PRELOAD=$(${CC:-gcc} -print-file-name=libasan.so):$(${CC:-gcc} -print-file-name=libubsan.so)"
+        "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1"
+        "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+fi
+
+TMPDIR_TEST=$(mktemp -d "${TMPDIR:-/tmp}/qcow2zstd-test.XXXXXX")
+_pids=()
+
+_cleanup ()
+{
+    local pid
+    for pid in "${_pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${_pids[@]}"; do
+        # Wait for the server to go, so its socket and files can be removed.
+        for _ in $(seq 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+    done
+    rm -rf "$TMPDIR_TEST"
+}
+trap _cleanup EXIT
+
+# Run nbdkit with the filter (and any extra arguments) through the
+# sanitizer environment if there is one.  Usage as for nbdkit itself.
+run_nbdkit ()
+{
+    "${NBDKIT_ENV[@]}" nbdkit "$@"
+}
+
+# start_server SOCKET [NBDKIT ARGS...]: start nbdkit in the background
+# serving on the Unix socket SOCKET, with the filter first in the stack,
+# and wait until it accepts connections.  Its pid is in $SERVER_PID and it
+# is killed at exit.  Its stderr goes to SOCKET.log.
+start_server ()
+{
+    local sock=$1
+    shift
+    local pidfile="$sock.pid"
+    rm -f "$pidfile"
+    run_nbdkit -U "$sock" -P "$pidfile" -f --filter="$FILTER" "$@" \
+        2>"$sock.log" &
+    local bgpid=$!
+    _pids+=("$bgpid")
+    for _ in $(seq 300); do
+        if [ -s "$pidfile" ] && [ -S "$sock" ]; then
+            SERVER_PID=$(cat "$pidfile")
+            return 0
+        fi
+        if ! kill -0 "$bgpid" 2>/dev/null; then
+            echo "nbdkit exited at startup:" >&2
+            cat "$sock.log" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    echo "nbdkit did not start within 30 s" >&2
+    cat "$sock.log" >&2
+    return 1
+}
+
+# stop_server: kill the server started last and wait for it.
+stop_server ()
+{
+    if [ -n "${SERVER_PID:-}" ]; then
+        kill "$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 100); do
+            kill -0 "$SERVER_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        SERVER_PID=
+    fi
+}
+
+# nbd_uri SOCKET: the NBD URI of a server on a Unix socket.
+nbd_uri ()
+{
+    echo "nbd+unix:///?socket=$1"
+}
+
+# Fail the test with a message.
+fail ()
+{
+    echo "FAIL: $*" >&2
+    exit 1
+}
