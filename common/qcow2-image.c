@@ -230,9 +230,11 @@ qcow2_image_get_stats (struct qcow2_image *img, struct qcow2_stats *stats)
   qcow2_cache_get_stats (img->cluster_cache, &cs);
   stats->cluster_cache_hits = cs.hits;
   stats->cluster_cache_misses = cs.misses;
+  stats->cluster_cache_evictions = cs.evictions;
   qcow2_cache_get_stats (img->l2_cache, &cs);
   stats->l2_cache_hits = cs.hits;
   stats->l2_cache_misses = cs.misses;
+  stats->l2_cache_evictions = cs.evictions;
 }
 
 int

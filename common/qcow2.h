@@ -37,8 +37,10 @@ struct qcow2_stats {
   uint64_t clusters_decompressed;
   uint64_t cluster_cache_hits;
   uint64_t cluster_cache_misses;
+  uint64_t cluster_cache_evictions;
   uint64_t l2_cache_hits;
   uint64_t l2_cache_misses;
+  uint64_t l2_cache_evictions;
   uint64_t bytes_read_underneath;
   uint64_t reads_underneath;
 };

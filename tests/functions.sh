@@ -9,6 +9,10 @@
 
 set -euo pipefail
 
+# Debian's python3-libnbd (nbdsh's nbd module) is installed for the
+# system python; a python earlier in PATH (pyenv, venv) would lack it.
+export PATH="/usr/bin:$PATH"
+
 : "${top_builddir:=$(pwd)}"
 : "${top_srcdir:=$top_builddir}"
 : "${FILTER:=$top_builddir/filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so}"
@@ -79,7 +83,7 @@ start_server ()
     local sock=$1
     shift
     local pidfile="$sock.pid"
-    rm -f "$pidfile"
+    rm -f "$pidfile" "$sock"
     run_nbdkit -U "$sock" -P "$pidfile" -f --filter="$FILTER" "$@" \
         2>"$sock.log" &
     local bgpid=$!

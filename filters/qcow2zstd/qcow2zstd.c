@@ -230,12 +230,15 @@ log_stats (struct qcow2_image *img)
     return;
   qcow2_image_get_stats (img, &s);
   nbdkit_debug ("qcow2zstd: stats: %" PRIu64 " clusters decompressed, "
-                "cluster cache %" PRIu64 " hits %" PRIu64 " misses, "
-                "L2 cache %" PRIu64 " hits %" PRIu64 " misses, "
+                "cluster cache %" PRIu64 " hits %" PRIu64 " misses "
+                "%" PRIu64 " evictions, "
+                "L2 cache %" PRIu64 " hits %" PRIu64 " misses "
+                "%" PRIu64 " evictions, "
                 "%" PRIu64 " bytes in %" PRIu64 " reads underneath",
                 s.clusters_decompressed,
                 s.cluster_cache_hits, s.cluster_cache_misses,
-                s.l2_cache_hits, s.l2_cache_misses,
+                s.cluster_cache_evictions,
+                s.l2_cache_hits, s.l2_cache_misses, s.l2_cache_evictions,
                 s.bytes_read_underneath, s.reads_underneath);
 }
 
