@@ -171,7 +171,7 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
     if (!inside_file (h->l1_table_offset, (uint64_t) h->l1_size * 8,
                       file_size))
       return fail (errbuf, errlen,
-                   "l1_table_offset: the L1 table (0x%" PRIx64 ", %u entries) "
+                   "l1_table_offset, l1_size: the L1 table (0x%" PRIx64 ", %u entries) "
                    "lies outside the file (%" PRIu64 " bytes)",
                    h->l1_table_offset, h->l1_size, file_size);
   }

@@ -105,6 +105,66 @@ read_l1 (struct qcow2_image *img, struct qcow2_io *io)
   return 0;
 }
 
+/* What writing needs beyond reading: refusals of what cannot be written
+ * safely, the refcounts, scratch space, and clearing the autoclear bits
+ * (this writer keeps none of the structures they vouch for).
+ */
+static int
+open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
+{
+  const struct qcow2_header *h = &img->header;
+  int r;
+
+  if (io->pwrite == NULL || io->flush == NULL) {
+    qcow2_error (img, "the storage underneath cannot be written");
+    return -EROFS;
+  }
+  if (h->nb_snapshots > 0) {
+    qcow2_error (img, "nb_snapshots: images with internal snapshots (%u) "
+                 "cannot be written; serve them read-only (nbdkit -r)",
+                 h->nb_snapshots);
+    return -EROFS;
+  }
+  if (h->incompatible_features & QCOW2_INCOMPAT_CORRUPT) {
+    qcow2_error (img, "incompatible_features: the image is marked corrupt "
+                 "and cannot be written; check it with qemu-img check -r "
+                 "or serve it read-only (nbdkit -r)");
+    return -EROFS;
+  }
+  if (h->incompatible_features & QCOW2_INCOMPAT_DIRTY) {
+    qcow2_error (img, "incompatible_features: the dirty bit is set (the "
+                 "refcounts may be stale) and the image cannot be written; "
+                 "repair it with qemu-img check -r all or serve it "
+                 "read-only (nbdkit -r)");
+    return -EROFS;
+  }
+
+  r = qcow2_refcount_load (img, io);
+  if (r < 0)
+    return r;
+  img->l1_dirty = calloc (h->l1_size ? h->l1_size : 1, 1);
+  img->wbuf = malloc (h->cluster_size);
+  img->wcompressed = malloc (2 * (size_t) h->cluster_size);
+  img->wdecoder = qcow2_decoder_new ();
+  if (!img->l1_dirty || !img->wbuf || !img->wcompressed || !img->wdecoder) {
+    qcow2_error (img, "out of memory for the write state");
+    return -ENOMEM;
+  }
+
+  if (h->autoclear_features) {
+    uint8_t zero[8] = { 0 };
+    qcow2_debug (img, "clearing autoclear_features 0x%" PRIx64,
+                 h->autoclear_features);
+    r = qcow2_pwrite_logged (img, io, zero, sizeof zero, 88);
+    if (r == 0)
+      r = qcow2_flush_logged (img, io);
+    if (r < 0)
+      return r;
+    img->header.autoclear_features = 0;
+  }
+  return 0;
+}
+
 int
 qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
                   const struct qcow2_options *opts,
@@ -124,6 +184,7 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   if (log)
     img->log = *log;
   img->opts = *opts;
+  pthread_rwlock_init (&img->lock, NULL);
 
   size = io->size (io->opaque);
   if (size < 0) {
@@ -192,6 +253,12 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
     goto fail;
   }
 
+  if (opts->writable) {
+    r = open_for_writing (img, io);
+    if (r < 0)
+      goto fail;
+  }
+
   *imagep = img;
   return 0;
 
@@ -208,7 +275,14 @@ qcow2_image_close (struct qcow2_image *img)
     return;
   qcow2_cache_free (img->l2_cache);
   qcow2_cache_free (img->cluster_cache);
+  qcow2_refcount_free (img);
+  tablemap_clear (&img->dirty_l2);
+  free (img->l1_dirty);
+  free (img->wbuf);
+  free (img->wcompressed);
+  qcow2_decoder_free (img->wdecoder);
   free (img->l1);
+  pthread_rwlock_destroy (&img->lock);
   free (img);
 }
 
@@ -216,6 +290,12 @@ const struct qcow2_header *
 qcow2_image_header (const struct qcow2_image *img)
 {
   return &img->header;
+}
+
+bool
+qcow2_image_writable (const struct qcow2_image *img)
+{
+  return img->opts.writable;
 }
 
 void
@@ -349,6 +429,13 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
     return -EIO;
   }
 
+  if (img->dirty_l2.count) {
+    struct meta_table *t = tablemap_find (&img->dirty_l2, l2_offset);
+    if (t) {
+      memcpy (entries, t->data + l2_index * 8, count * 8);
+      goto convert;
+    }
+  }
   if (!qcow2_cache_get (img->l2_cache, l2_offset, l2_index * 8,
                         entries, count * 8)) {
     r = qcow2_pread_clamped (img, io, l2buf, h->cluster_size, l2_offset);
@@ -357,6 +444,7 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
     qcow2_cache_put (img->l2_cache, l2_offset, l2buf);
     memcpy (entries, l2buf + l2_index * 8, count * 8);
   }
+ convert:
   for (i = 0; i < count; ++i)
     entries[i] = be64 (&entries[i]);
   return 0;

@@ -8,6 +8,8 @@
 
 #include "qcow2.h"
 #include "qcow2-cache.h"
+#include "qcow2-tablemap.h"
+#include <pthread.h>
 #include <inttypes.h>
 
 /* L1 and standard L2 entry bits. */
@@ -18,6 +20,37 @@
 #define L2E_ZERO           (UINT64_C (1) << 0)
 #define L2E_COMPRESSED     (UINT64_C (1) << 62)
 #define L2E_COPIED         (UINT64_C (1) << 63)
+
+/* Refcount table entries: bits 9..63 offset, 0..8 reserved. */
+#define RTE_OFFSET_MASK    UINT64_C (0xfffffffffffffe00)
+#define RTE_RESERVED_MASK  UINT64_C (0x00000000000001ff)
+
+/* A range of host bytes whose clusters lose one reference once the
+ * metadata that stopped pointing at them is on disk.
+ */
+struct pending_free {
+  uint64_t offset;
+  uint64_t length;
+  uint64_t cache_key;         /* cluster cache key to drop, or 0 */
+};
+
+/* Refcount state, loaded when the image is opened for writing. */
+struct refcounts {
+  uint64_t *table;            /* host order */
+  uint64_t table_entries;
+  uint64_t table_offset;      /* where the table is, or goes, on disk */
+  uint32_t table_clusters;
+  bool table_dirty;           /* entries changed since written */
+  bool table_moved;           /* grown: write it whole, then the header */
+  struct tablemap blocks;     /* every refcount block loaded so far */
+  unsigned width_order;       /* refcount_order */
+  unsigned block_bits;        /* log2 of refcounts per block */
+  uint64_t max_refcount;
+  uint64_t host_clusters;     /* clusters that fit in the file */
+  uint64_t free_hint;         /* no free cluster below this index */
+  struct pending_free *pending;
+  size_t npending, pending_cap;
+};
 
 struct qcow2_image {
   struct qcow2_header header;
@@ -34,6 +67,20 @@ struct qcow2_image {
   unsigned csize_shift;
   uint64_t csize_mask;
   uint64_t coffset_mask;
+
+  /* Writers hold it exclusively, readers shared: a read never sees an
+   * L2 table or the L1 table half changed.
+   */
+  pthread_rwlock_t lock;
+
+  /* Write state (opts.writable). */
+  struct refcounts rc;
+  struct tablemap dirty_l2;   /* changed L2 tables not yet on disk */
+  uint8_t *l1_dirty;          /* per L1 entry: changed since written */
+  bool l1_any_dirty;
+  uint8_t *wbuf;              /* one cluster of scratch for writers */
+  uint8_t *wcompressed;       /* the largest compressed range */
+  struct qcow2_decoder *wdecoder;
 
   _Atomic uint64_t clusters_decompressed;
   _Atomic uint64_t bytes_read_underneath;
@@ -75,6 +122,39 @@ int qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
  */
 int qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
                          void *buf, uint64_t len, uint64_t offset);
+
+struct qcow2_image *qcow2_reader_image (struct qcow2_reader *reader);
+
+/* Refcounts (qcow2-refcount.c); all with img->lock held exclusively. */
+int qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io);
+void qcow2_refcount_free (struct qcow2_image *img);
+int qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
+                        uint64_t cluster, uint64_t *refcount);
+int qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
+                        uint64_t cluster, int delta);
+/* Allocate COUNT contiguous clusters with refcount 1; *OFFSET gets the
+ * first one's host offset.  -ENOSPC after logging if the file is full.
+ */
+int qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
+                          uint64_t count, uint64_t *offset);
+/* Queue a release of [OFFSET, OFFSET+LENGTH) for after the next metadata
+ * writeback.
+ */
+int qcow2_free_later (struct qcow2_image *img, uint64_t offset,
+                      uint64_t length, uint64_t cache_key);
+/* Write dirty refcount blocks, then the table (and the header if the
+ * table moved), with flushes in between.
+ */
+int qcow2_refcount_writeback (struct qcow2_image *img, struct qcow2_io *io);
+/* Apply the queued releases to the refcounts in memory. */
+int qcow2_refcount_apply_frees (struct qcow2_image *img, struct qcow2_io *io);
+
+/* Write [OFFSET, OFFSET+LEN) of the image underneath, with a message on
+ * failure.
+ */
+int qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,
+                         const void *buf, uint64_t len, uint64_t offset);
+int qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io);
 
 void qcow2_error (struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));

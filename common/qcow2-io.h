@@ -20,6 +20,18 @@ struct qcow2_io {
    */
   int (*pread) (void *opaque, void *buf, size_t count, uint64_t offset);
 
+  /* Write exactly COUNT bytes at OFFSET, inside size().  Returns 0, or
+   * -errno.  NULL for an image opened read-only.  Same threading rule as
+   * pread.
+   */
+  int (*pwrite) (void *opaque, const void *buf, size_t count,
+                 uint64_t offset);
+
+  /* Make every completed write durable.  Returns 0 or -errno.  NULL for
+   * an image opened read-only.
+   */
+  int (*flush) (void *opaque);
+
   /* Size of the image in bytes, or -errno. */
   int64_t (*size) (void *opaque);
 };

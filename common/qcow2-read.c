@@ -228,6 +228,12 @@ request_put (struct qcow2_reader *reader, struct request *req)
   pthread_mutex_unlock (&reader->lock);
 }
 
+struct qcow2_image *
+qcow2_reader_image (struct qcow2_reader *reader)
+{
+  return reader->img;
+}
+
 struct qcow2_reader *
 qcow2_reader_new (struct qcow2_image *img)
 {
@@ -435,6 +441,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
     return -ENOMEM;
   req->cur = 0;
   req->run_len = 0;
+  pthread_rwlock_rdlock (&img->lock);
 
   while (pos < end && r == 0) {
     uint64_t first = pos >> bits;
@@ -496,6 +503,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
   r2 = chunk_finish (reader, req, &req->chunk[1]);
   if (r == 0)
     r = r2;
+  pthread_rwlock_unlock (&img->lock);
   request_put (reader, req);
   return r;
 }
@@ -533,6 +541,7 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
   req = request_get (reader);
   if (req == NULL)
     return -ENOMEM;
+  pthread_rwlock_rdlock (&img->lock);
 
   while (pos < end && r == 0) {
     uint64_t first = pos >> bits;
@@ -561,14 +570,15 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
       pos = hi;
     }
   }
-  /* Report what was classified even if a later entry failed, so that a
-   * client still makes progress up to the bad cluster.
+  /* If a later entry is bad, still answer with the ranges before it, so
+   * that a client makes progress up to the bad cluster; the next request
+   * starts there and gets the error.
    */
   if (pos > run_start) {
     int r2 = fn (opaque, run_start, pos - run_start, run_zero);
-    if (r == 0)
-      r = r2;
+    r = r2;
   }
+  pthread_rwlock_unlock (&img->lock);
   request_put (reader, req);
   return r;
 }

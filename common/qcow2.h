@@ -20,6 +20,7 @@
 #include "qcow2-io.h"
 
 struct qcow2_options {
+  bool writable;                  /* open for writing */
   unsigned threads;               /* pool workers per reader; 0: none */
   uint64_t request_size;          /* largest coalesced read underneath */
   uint64_t l2_cache_size;         /* bytes */
@@ -58,6 +59,7 @@ int qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
 void qcow2_image_close (struct qcow2_image *image);
 
 const struct qcow2_header *qcow2_image_header (const struct qcow2_image *image);
+bool qcow2_image_writable (const struct qcow2_image *image);
 void qcow2_image_get_stats (struct qcow2_image *image,
                             struct qcow2_stats *stats);
 
@@ -83,6 +85,36 @@ typedef int (*qcow2_extent_fn) (void *opaque, uint64_t offset,
 int qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
                    uint64_t offset, uint64_t count,
                    qcow2_extent_fn fn, void *opaque);
+
+/* Write COUNT bytes from BUF at guest OFFSET (inside the virtual size).
+ * Clusters that are not plain, exclusively owned data clusters get a new
+ * cluster, filled with their old content around the new bytes.  The
+ * metadata reaches the disk at the next qcow2_flush (or earlier, when
+ * enough has changed), in an order that a crash can only leak clusters.
+ * With FUA true, flushes before returning.  -ENOSPC (after logging how
+ * much room is missing) when the image file is full.
+ */
+int qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
+                 const void *buf, uint64_t count, uint64_t offset, bool fua);
+
+/* Make [OFFSET, OFFSET+COUNT) read as zeros.  Whole clusters become zero
+ * clusters (v3) or unallocated (v2) and release what they held; parts of
+ * clusters are written with zeros.  With FAST true, fails with -ENOTSUP
+ * before changing anything if zeroes would have to be written.
+ */
+int qcow2_zero (struct qcow2_reader *reader, struct qcow2_io *io,
+                uint64_t count, uint64_t offset, bool fast, bool fua);
+
+/* Discard [OFFSET, OFFSET+COUNT): whole clusters are released and read as
+ * zeros afterwards; parts of clusters are left as they are.
+ */
+int qcow2_trim (struct qcow2_reader *reader, struct qcow2_io *io,
+                uint64_t count, uint64_t offset, bool fua);
+
+/* Write all changed metadata in crash-safe order and flush the image
+ * underneath.  Called for NBD_CMD_FLUSH and before the image closes.
+ */
+int qcow2_flush (struct qcow2_image *image, struct qcow2_io *io);
 
 /* Decompress the compressed clusters under [OFFSET, OFFSET+COUNT) into
  * the cluster cache, for NBD_CMD_CACHE.

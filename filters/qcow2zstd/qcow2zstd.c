@@ -45,6 +45,7 @@ static unsigned image_users;
 struct handle {
   struct qcow2_reader *reader;
   bool using_image;
+  bool writable;
 };
 
 static void
@@ -83,6 +84,34 @@ next_pread (void *opaque, void *buf, size_t count, uint64_t offset)
   return 0;
 }
 
+static int
+next_pwrite (void *opaque, const void *buf, size_t count, uint64_t offset)
+{
+  nbdkit_next *next = opaque;
+  int err = 0;
+
+  while (count > 0) {
+    uint32_t n = count > (UINT32_C (1) << 30) ? UINT32_C (1) << 30 : count;
+    if (next->pwrite (next, buf, n, offset, 0, &err) == -1)
+      return -(err ? err : EIO);
+    buf = (const char *) buf + n;
+    offset += n;
+    count -= n;
+  }
+  return 0;
+}
+
+static int
+next_flush (void *opaque)
+{
+  nbdkit_next *next = opaque;
+  int err = 0;
+
+  if (next->flush (next, 0, &err) == -1)
+    return -(err ? err : EIO);
+  return 0;
+}
+
 static int64_t
 next_size (void *opaque)
 {
@@ -93,7 +122,8 @@ next_size (void *opaque)
 }
 
 #define IO_FOR(next) \
-  { .opaque = (next), .pread = next_pread, .size = next_size }
+  { .opaque = (next), .pread = next_pread, .pwrite = next_pwrite, \
+    .flush = next_flush, .size = next_size }
 
 /* nbdkit 1.32 gives filters no way to add --dump-plugin lines, so the
  * filter prints its own when it sees that option on the command line.
@@ -133,14 +163,26 @@ qcow2zstd_load (void)
   dump_codecs_if_asked ();
 }
 
+static uint64_t
+physical_memory (void)
+{
+  long pages = sysconf (_SC_PHYS_PAGES), page_size = sysconf (_SC_PAGESIZE);
+
+  if (pages <= 0 || page_size <= 0)
+    return UINT64_C (1) << 40;
+  return (uint64_t) pages * page_size;
+}
+
 static int
 parse_size_param (const char *key, const char *value, uint64_t min,
                   uint64_t max, uint64_t *out)
 {
   int64_t size = nbdkit_parse_size (value);
 
-  if (size == -1)
-    return -1;                  /* nbdkit_parse_size said why */
+  if (size == -1) {
+    nbdkit_error ("%s: cannot parse '%s' as a size", key, value);
+    return -1;
+  }
   if ((uint64_t) size < min || (uint64_t) size > max) {
     nbdkit_error ("%s: %s is out of range (%" PRIu64 " to %" PRIu64 ")",
                   key, value, min, max);
@@ -166,11 +208,14 @@ qcow2zstd_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   if (strcmp (key, "qcow2-request-size") == 0)
     return parse_size_param (key, value, QCOW2_MIN_REQUEST_SIZE,
                              QCOW2_MAX_REQUEST_SIZE, &options.request_size);
+  /* The caches reserve their memory when the image opens, so they may
+   * not exceed the machine's memory.
+   */
   if (strcmp (key, "qcow2-l2-cache-size") == 0)
-    return parse_size_param (key, value, 0, UINT64_C (1) << 40,
+    return parse_size_param (key, value, 0, physical_memory (),
                              &options.l2_cache_size);
   if (strcmp (key, "qcow2-cluster-cache-size") == 0)
-    return parse_size_param (key, value, 0, UINT64_C (1) << 40,
+    return parse_size_param (key, value, 0, physical_memory (),
                              &options.cluster_cache_size);
   return next (nxdata, key, value);
 }
@@ -210,8 +255,7 @@ qcow2zstd_open (nbdkit_next_open *next, nbdkit_context *nxdata,
 {
   struct handle *h;
 
-  /* The filter only reads, so the plugin can be opened read-only too. */
-  if (next (nxdata, 1, exportname) == -1)
+  if (next (nxdata, readonly, exportname) == -1)
     return NULL;
   h = calloc (1, sizeof *h);
   if (h == NULL) {
@@ -242,11 +286,17 @@ log_stats (struct qcow2_image *img)
                 s.bytes_read_underneath, s.reads_underneath);
 }
 
+/* NEXT: the closing connection's backend, to write what is left. */
 static void
-release_image (void)
+release_image (nbdkit_next *next)
 {
   pthread_mutex_lock (&image_lock);
   if (--image_users == 0) {
+    if (next) {
+      struct qcow2_io io = IO_FOR (next);
+      /* Errors were logged; the image stays consistent on disk. */
+      qcow2_flush (image, &io);
+    }
     log_stats (image);
     qcow2_image_close (image);
     image = NULL;
@@ -259,6 +309,7 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
 {
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
+  int plugin_can_write = 0;
   int r = 0;
 
   /* nbdkit checks every request against the size of this connection's
@@ -266,16 +317,32 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
    */
   if (next->get_size (next) == -1)
     return -1;
+  /* Likewise nbdkit asserts that writes and flushes go only to a plugin
+   * that said it takes them.
+   */
+  if (!readonly) {
+    plugin_can_write = next->can_write (next);
+    if (plugin_can_write == -1 || next->can_flush (next) == -1)
+      return -1;
+  }
 
   pthread_mutex_lock (&image_lock);
-  if (image == NULL)
-    r = qcow2_image_open (&io, &engine_log, &options, &image);
+  if (image == NULL) {
+    struct qcow2_options opts = options;
+    /* The first connection decides: writable unless nbdkit -r or a
+     * plugin that cannot write.
+     */
+    opts.writable = !readonly && plugin_can_write == 1;
+    r = qcow2_image_open (&io, &engine_log, &opts, &image);
+  }
   if (r == 0)
     image_users++;
   pthread_mutex_unlock (&image_lock);
   if (r < 0)
     return -1;
   h->using_image = true;
+  h->writable = !readonly && plugin_can_write == 1 &&
+    qcow2_image_writable (image);
 
   h->reader = qcow2_reader_new (image);
   if (h->reader == NULL)
@@ -292,7 +359,7 @@ qcow2zstd_finalize (nbdkit_next *next, void *handle)
   h->reader = NULL;
   if (h->using_image) {
     h->using_image = false;
-    release_image ();
+    release_image (next);
   }
   return 0;
 }
@@ -305,7 +372,7 @@ qcow2zstd_close (void *handle)
   /* finalize is skipped when prepare failed part way. */
   qcow2_reader_free (h->reader);
   if (h->using_image)
-    release_image ();
+    release_image (NULL);
   free (h);
 }
 
@@ -332,13 +399,56 @@ qcow2zstd_block_size (nbdkit_next *next, void *handle,
 static int
 qcow2zstd_can_write (nbdkit_next *next, void *handle)
 {
-  return 0;
+  struct handle *h = handle;
+  return h->writable;
+}
+
+static int
+qcow2zstd_can_flush (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  return h->writable;
+}
+
+static int
+qcow2zstd_can_trim (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  return h->writable;
+}
+
+static int
+qcow2zstd_can_zero (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  return h->writable ? NBDKIT_ZERO_NATIVE : NBDKIT_ZERO_NONE;
+}
+
+static int
+qcow2zstd_can_fast_zero (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  return h->writable;
+}
+
+static int
+qcow2zstd_can_fua (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  return h->writable ? NBDKIT_FUA_NATIVE : NBDKIT_FUA_NONE;
 }
 
 static int
 qcow2zstd_can_multi_conn (nbdkit_next *next, void *handle)
 {
-  return 1;
+  struct handle *h = handle;
+
+  /* A flush writes every connection's metadata, but whether it makes
+   * every connection's data durable is up to the plugin underneath.
+   */
+  if (!h->writable)
+    return 1;
+  return next->can_multi_conn (next);
 }
 
 static int
@@ -367,6 +477,59 @@ qcow2zstd_pread (nbdkit_next *next, void *handle,
     return -1;
   }
   return 0;
+}
+
+static int
+result (int r, int *err)
+{
+  if (r < 0) {
+    *err = -r;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+qcow2zstd_pwrite (nbdkit_next *next, void *handle,
+                  const void *buf, uint32_t count, uint64_t offset,
+                  uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+  struct qcow2_io io = IO_FOR (next);
+
+  return result (qcow2_write (h->reader, &io, buf, count, offset,
+                              flags & NBDKIT_FLAG_FUA), err);
+}
+
+static int
+qcow2zstd_zero (nbdkit_next *next, void *handle,
+                uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+  struct qcow2_io io = IO_FOR (next);
+
+  return result (qcow2_zero (h->reader, &io, count, offset,
+                             flags & NBDKIT_FLAG_FAST_ZERO,
+                             flags & NBDKIT_FLAG_FUA), err);
+}
+
+static int
+qcow2zstd_trim (nbdkit_next *next, void *handle,
+                uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+  struct qcow2_io io = IO_FOR (next);
+
+  return result (qcow2_trim (h->reader, &io, count, offset,
+                             flags & NBDKIT_FLAG_FUA), err);
+}
+
+static int
+qcow2zstd_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
+{
+  struct qcow2_io io = IO_FOR (next);
+
+  return result (qcow2_flush (image, &io), err);
 }
 
 static int
@@ -429,10 +592,19 @@ static struct nbdkit_filter filter = {
   .get_size = qcow2zstd_get_size,
   .block_size = qcow2zstd_block_size,
   .can_write = qcow2zstd_can_write,
+  .can_flush = qcow2zstd_can_flush,
+  .can_trim = qcow2zstd_can_trim,
+  .can_zero = qcow2zstd_can_zero,
+  .can_fast_zero = qcow2zstd_can_fast_zero,
+  .can_fua = qcow2zstd_can_fua,
   .can_multi_conn = qcow2zstd_can_multi_conn,
   .can_extents = qcow2zstd_can_extents,
   .can_cache = qcow2zstd_can_cache,
   .pread = qcow2zstd_pread,
+  .pwrite = qcow2zstd_pwrite,
+  .zero = qcow2zstd_zero,
+  .trim = qcow2zstd_trim,
+  .flush = qcow2zstd_flush,
   .extents = qcow2zstd_extents,
   .cache = qcow2zstd_cache,
 };

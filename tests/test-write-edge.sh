@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Writing: refcount table growth, a full container (ENOSPC with the
+# message, image still valid), refusals at open (snapshots, corrupt and
+# dirty bits) with nbdkit -r still serving those images, autoclear bits
+# cleared, and v2 images.
+source "${top_srcdir:-.}/tests/functions.sh"
+requires qemu-io nbdcopy nbdinfo
+PYTHON=/usr/bin/python3
+$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+
+cd "$TMPDIR_TEST"
+
+check_clean ()
+{
+    local img=$1 what=$2
+    qemu-img check "$img" > check.out 2>&1 || { cat check.out; fail "$what: qemu-img check failed"; }
+    grep -q "No errors were found" check.out || { cat check.out; fail "$what: qemu-img check found problems"; }
+}
+
+header_u64 () { $PYTHON -c "import struct,sys; print(struct.unpack('>Q', open(sys.argv[1],'rb').read()[$2:$2+8])[0])" "$1"; }
+header_u32 () { $PYTHON -c "import struct,sys; print(struct.unpack('>I', open(sys.argv[1],'rb').read()[$2:$2+4])[0])" "$1"; }
+
+# 1. Refcount table growth: 512-byte clusters, where one table cluster
+# covers only 8 MiB of file.  Filling a 20 MiB disk must move the table.
+head -c 20M /dev/urandom > fill.raw
+qemu-img create -q -f qcow2 -o cluster_size=512 grow.qcow2 20M
+truncate -s 64M grow.qcow2
+old_rt=$(header_u64 grow.qcow2 48)
+start_server "$PWD/sock" file grow.qcow2
+nbdcopy fill.raw "$(nbd_uri "$PWD/sock")"
+stop_server
+new_rt=$(header_u64 grow.qcow2 48)
+new_clusters=$(header_u32 grow.qcow2 56)
+[ "$new_rt" != "$old_rt" ] || fail "the refcount table did not move (offset $old_rt)"
+[ "$new_clusters" -gt 1 ] || fail "the refcount table did not grow ($new_clusters clusters)"
+check_clean grow.qcow2 "table growth"
+qemu-img compare -q -f qcow2 -F raw grow.qcow2 fill.raw || fail "table growth: data differs"
+echo "refcount table grew from 1 cluster at $old_rt to $new_clusters at $new_rt: check clean, identical"
+
+# 2. ENOSPC: a container with no room.  The write fails with ENOSPC and a
+# message saying how much room is needed and how to add it; the image
+# stays valid and holds what was written before.
+head -c 4M /dev/urandom > small.raw
+truncate -s 5M small.raw        # the last MiB stays unallocated
+qemu-img convert -c -O qcow2 -o cluster_size=65536 small.raw full.qcow2
+sum_before=$(md5sum < full.qcow2)
+start_server "$PWD/sock" file full.qcow2
+$PYTHON - "$(nbd_uri "$PWD/sock")" <<'EOF' > enospc.out
+import nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+try:
+    h.pwrite(b"x" * 65536, 4 << 20)
+except nbd.Error as e:
+    print("errno", e.errno)
+else:
+    print("no error")
+EOF
+stop_server
+grep -q "errno ENOSPC" enospc.out || { cat enospc.out; fail "a full container did not give ENOSPC"; }
+grep -q "no room in the image file" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "no ENOSPC message"; }
+grep -q "truncate -s +SIZE" "$PWD/sock.log" || fail "the ENOSPC message does not say how to add room"
+grep -q "65536 bytes" "$PWD/sock.log" || fail "the ENOSPC message does not say how much room is needed"
+check_clean full.qcow2 "ENOSPC"
+qemu-img compare -q -f qcow2 -F raw full.qcow2 small.raw || fail "ENOSPC: the image changed its content"
+echo "full container: ENOSPC with a message, image valid and unchanged"
+
+# Giving room with truncate then lets the write through.
+truncate -s +1M full.qcow2
+start_server "$PWD/sock" file full.qcow2
+nbdcopy small.raw "$(nbd_uri "$PWD/sock")"
+head -c 65536 /dev/zero | tr '\0' 'y' > y.raw
+$PYTHON -c "
+import nbd, sys
+h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(open('y.raw','rb').read(), 4 << 20); h.flush()
+" "$(nbd_uri "$PWD/sock")"
+stop_server
+check_clean full.qcow2 "after truncate"
+cp small.raw expect.raw
+dd if=y.raw of=expect.raw bs=1M seek=4 conv=notrunc status=none
+qemu-img compare -q -f qcow2 -F raw full.qcow2 expect.raw || fail "after truncate: data differs"
+echo "after truncate -s +1M: the write succeeds, check clean"
+
+# 3. Refusals at open for writing, and nbdkit -r still serves.
+refuse ()
+{
+    local img=$1 field=$2 what=$3
+    local before
+    before=$(md5sum < "$img")
+    start_server "$PWD/sock" file "$img"
+    if nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1; then
+        fail "$what: a writable connection was allowed"
+    fi
+    kill -0 "$SERVER_PID" || fail "$what: the server died"
+    grep -q "$field" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "$what: no error naming $field"; }
+    grep -q "nbdkit -r" "$PWD/sock.log" || fail "$what: the error does not suggest nbdkit -r"
+    stop_server
+    [ "$(md5sum < "$img")" = "$before" ] || fail "$what: the image was modified"
+    start_server "$PWD/sock" -r file "$img"
+    nbdcopy "$(nbd_uri "$PWD/sock")" served.raw || fail "$what: nbdkit -r did not serve it"
+    stop_server
+    qemu-img convert -U -O raw "$img" expect.raw
+    cmp served.raw expect.raw || fail "$what: nbdkit -r served wrong data"
+    echo "$what: writing refused naming $field; nbdkit -r serves it"
+}
+
+qemu-img convert -O qcow2 small.raw snap.qcow2
+qemu-img snapshot -c snap1 snap.qcow2
+refuse snap.qcow2 nb_snapshots "internal snapshot"
+
+set_incompat_bit ()
+{
+    $PYTHON - "$1" "$2" <<'EOF'
+import struct, sys
+path, bit = sys.argv[1], int(sys.argv[2])
+with open(path, "r+b") as f:
+    f.seek(72)
+    v = struct.unpack(">Q", f.read(8))[0] | (1 << bit)
+    f.seek(72)
+    f.write(struct.pack(">Q", v))
+EOF
+}
+qemu-img convert -O qcow2 small.raw corrupt.qcow2
+set_incompat_bit corrupt.qcow2 1
+refuse corrupt.qcow2 "marked corrupt" "corrupt bit"
+qemu-img convert -O qcow2 -o lazy_refcounts=on small.raw dirty.qcow2
+set_incompat_bit dirty.qcow2 0
+refuse dirty.qcow2 "dirty bit" "dirty bit"
+
+# 4. Autoclear bits are cleared before the first write, as qemu does.
+qemu-img convert -O qcow2 small.raw autoclear.qcow2
+$PYTHON - autoclear.qcow2 <<'EOF'
+import struct, sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(88)
+    f.write(struct.pack(">Q", 1 << 5))
+EOF
+truncate -s +1M autoclear.qcow2
+start_server "$PWD/sock" file autoclear.qcow2
+$PYTHON -c "
+import nbd, sys
+h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b'z' * 1000, 5000); h.flush()
+" "$(nbd_uri "$PWD/sock")"
+stop_server
+[ "$(header_u64 autoclear.qcow2 88)" = 0 ] || fail "autoclear bits were not cleared"
+check_clean autoclear.qcow2 "autoclear"
+echo "autoclear bits cleared before writing"
+
+# 5. A v2 image (no zero flag): zeroes and trims of whole clusters leave
+# them unallocated; the result passes check and reads back right.
+qemu-img convert -O qcow2 -o compat=0.10 small.raw v2.qcow2
+truncate -s +2M v2.qcow2
+cp small.raw v2.raw
+start_server "$PWD/sock" file v2.qcow2
+$PYTHON - "$(nbd_uri "$PWD/sock")" <<'EOF'
+import nbd, os, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+fd = os.open("v2.raw", os.O_RDWR)
+for off, n in [(0, 65536), (100000, 300000), (1 << 20, 1000)]:
+    h.zero(n, off)
+    os.pwrite(fd, bytes(n), off)
+h.trim(131072, 2 << 20)
+os.pwrite(fd, bytes(131072), 2 << 20)
+h.pwrite(b"v2" * 5000, 3 << 20)
+os.pwrite(fd, b"v2" * 5000, 3 << 20)
+h.flush()
+EOF
+stop_server
+check_clean v2.qcow2 "v2"
+qemu-img compare -q -f qcow2 -F raw v2.qcow2 v2.raw || fail "v2: data differs"
+echo "v2 image: zero, trim and write: check clean, identical"

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Randomized write workloads (fixed seeds): writes of random sizes and
+# offsets, zeroes, trims and flushes from several connections at once,
+# over compressed images of every cluster size, both compression types
+# and refcount widths 1, 16 and 64.  Afterwards the image must pass
+# qemu-img check with no error and no leak, and qemu-img compare must find
+# it identical to a raw file that received the same operations.
+source "${top_srcdir:-.}/tests/functions.sh"
+requires qemu-io
+PYTHON=/usr/bin/python3
+$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+
+cd "$TMPDIR_TEST"
+
+# Source disk: random, text and zero regions; a size that is not a
+# multiple of any cluster size.
+$PYTHON - <<'EOF'
+import random
+rng = random.Random(3)
+size = 6 * 1024 * 1024 + 3 * 512
+out = bytearray()
+while len(out) < size:
+    k = rng.randrange(3)
+    n = rng.randrange(1, 300000)
+    out += rng.randbytes(n) if k == 0 else (b"lorem ipsum qcow2 " * (n // 18 + 1))[:n] if k == 1 else bytes(n)
+open("base.raw", "wb").write(out[:size])
+EOF
+
+seed=1
+for cs in 512 4096 65536 2097152; do
+    for comp in zlib zstd; do
+        for rb in 1 16 64; do
+            # Fewer operations where every partial write rewrites 2 MiB.
+            ops=600
+            [ "$cs" = 2097152 ] && ops=150
+            [ "$cs" = 512 ] && ops=400
+            img=img.qcow2
+            rm -f "$img"
+            qemu-img convert -c -O qcow2 \
+                -o "cluster_size=$cs,compression_type=$comp,refcount_bits=$rb" \
+                base.raw "$img"
+            # Room to allocate: a filter cannot grow the file.
+            truncate -s +24M "$img"
+            cp base.raw mirror.raw
+            start_server "$PWD/sock" file "$img"
+            $PYTHON "$top_srcdir/tests/write-workload.py" \
+                "$(nbd_uri "$PWD/sock")" mirror.raw "$seed" 3 "$ops" "$cs" \
+                > workload.out || { cat workload.out "$PWD/sock.log"; fail "workload failed ($cs $comp $rb)"; }
+            stop_server
+            if ! qemu-img check "$img" > check.out 2>&1; then
+                cat check.out
+                fail "qemu-img check failed (cluster $cs, $comp, refcount_bits $rb)"
+            fi
+            grep -q "No errors were found" check.out ||
+                { cat check.out; fail "qemu-img check found problems ($cs $comp $rb)"; }
+            if grep -qi "leak" check.out; then
+                cat check.out; fail "leaked clusters ($cs $comp $rb)"
+            fi
+            qemu-img compare -q -f qcow2 -F raw "$img" mirror.raw ||
+                fail "image differs from the mirror (cluster $cs, $comp, refcount_bits $rb)"
+            echo "cluster $cs $comp refcount_bits $rb: 3 connections x $ops ops: check clean, identical"
+            seed=$((seed + 1))
+        done
+    done
+done
