@@ -102,7 +102,8 @@ qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io)
   if (h->refcount_table_offset > img->file_size ||
       bytes > img->file_size - h->refcount_table_offset) {
     qcow2_error (img, "refcount_table_offset: the refcount table "
-                 "(0x%" PRIx64 ", %u clusters) lies outside the file",
+                 "(0x%" PRIx64 ", %u clusters) lies outside the file; the "
+                 "image cannot be written (serve it read-only with nbdkit -r)",
                  h->refcount_table_offset, h->refcount_table_clusters);
     return -EINVAL;
   }
@@ -125,7 +126,8 @@ qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io)
         off >= img->file_size || h->cluster_size > img->file_size - off) {
       qcow2_error (img, "refcount table entry %" PRIu64 " (0x%016" PRIx64
                    ") is invalid: reserved bits, unaligned or outside the "
-                   "file", i, e);
+                   "file; the image cannot be written (serve it read-only "
+                   "with nbdkit -r)", i, e);
       return -EINVAL;
     }
   }
