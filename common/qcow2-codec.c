@@ -9,6 +9,7 @@
 
 #include <zlib.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 #ifdef HAVE_LIBDEFLATE
 #include <libdeflate.h>
 #endif
@@ -191,6 +192,130 @@ qcow2_decode_cluster (struct qcow2_decoder *dec, enum qcow2_compression type,
   }
   snprintf (errbuf, errlen, "unknown compression type %d", (int) type);
   return -1;
+}
+
+struct qcow2_encoder {
+  ZSTD_CCtx *zstd;
+  z_stream zlib;
+  bool zlib_ready;
+  int zlib_level;
+};
+
+struct qcow2_encoder *
+qcow2_encoder_new (void)
+{
+  struct qcow2_encoder *enc = calloc (1, sizeof *enc);
+
+  if (enc == NULL)
+    return NULL;
+  enc->zstd = ZSTD_createCCtx ();
+  if (enc->zstd == NULL) {
+    free (enc);
+    return NULL;
+  }
+  return enc;
+}
+
+void
+qcow2_encoder_free (struct qcow2_encoder *enc)
+{
+  if (enc == NULL)
+    return;
+  ZSTD_freeCCtx (enc->zstd);
+  if (enc->zlib_ready)
+    deflateEnd (&enc->zlib);
+  free (enc);
+}
+
+static int64_t
+encode_zlib (struct qcow2_encoder *enc, int level,
+             const uint8_t *in, size_t in_len, uint8_t *out, size_t out_cap,
+             char *errbuf, size_t errlen)
+{
+  z_stream *zs = &enc->zlib;
+  int r;
+
+  if (enc->zlib_ready && enc->zlib_level != level) {
+    deflateEnd (zs);
+    enc->zlib_ready = false;
+  }
+  if (!enc->zlib_ready) {
+    memset (zs, 0, sizeof *zs);
+    /* A 4 KiB window (-12): qemu inflates with windowBits -12, so a
+     * longer match distance would make the cluster unreadable to it.
+     */
+    if (deflateInit2 (zs, level, Z_DEFLATED, -12, 9,
+                      Z_DEFAULT_STRATEGY) != Z_OK) {
+      snprintf (errbuf, errlen, "zlib: cannot set up the compressor");
+      return -1;
+    }
+    enc->zlib_ready = true;
+    enc->zlib_level = level;
+  }
+  else if (deflateReset (zs) != Z_OK) {
+    snprintf (errbuf, errlen, "zlib: cannot reset the compressor");
+    return -1;
+  }
+  zs->next_in = (Bytef *) in;
+  zs->avail_in = in_len;
+  zs->next_out = out;
+  zs->avail_out = out_cap;
+  r = deflate (zs, Z_FINISH);
+  if (r == Z_STREAM_END)
+    return out_cap - zs->avail_out;
+  if (r == Z_OK || r == Z_BUF_ERROR)
+    return 0;                   /* ran out of room: does not shrink */
+  snprintf (errbuf, errlen, "zlib: compression failed (%d)", r);
+  return -1;
+}
+
+static int64_t
+encode_zstd (struct qcow2_encoder *enc, int level,
+             const uint8_t *in, size_t in_len, uint8_t *out, size_t out_cap,
+             char *errbuf, size_t errlen)
+{
+  size_t r = ZSTD_compressCCtx (enc->zstd, out, out_cap, in, in_len, level);
+
+  if (!ZSTD_isError (r))
+    return r;
+  if (ZSTD_getErrorCode (r) == ZSTD_error_dstSize_tooSmall)
+    return 0;
+  snprintf (errbuf, errlen, "zstd: compression failed (%s)",
+            ZSTD_getErrorName (r));
+  return -1;
+}
+
+int64_t
+qcow2_encode_cluster (struct qcow2_encoder *enc, enum qcow2_compression type,
+                      int level, const uint8_t *in, size_t in_len,
+                      uint8_t *out, size_t out_cap,
+                      char *errbuf, size_t errlen)
+{
+  if (type == QCOW2_COMPRESSION_ZSTD)
+    return encode_zstd (enc, level, in, in_len, out, out_cap, errbuf, errlen);
+  return encode_zlib (enc, level, in, in_len, out, out_cap, errbuf, errlen);
+}
+
+int
+qcow2_compression_default_level (enum qcow2_compression type)
+{
+  /* qemu's own levels, so that output sizes compare like for like. */
+  return type == QCOW2_COMPRESSION_ZSTD ? 3 : 6;
+}
+
+int
+qcow2_compression_level_range (enum qcow2_compression type,
+                               int *min, int *max)
+{
+  if (type == QCOW2_COMPRESSION_ZSTD) {
+    *min = 1;
+    *max = ZSTD_maxCLevel ();
+  }
+  else {
+    *min = 1;
+    *max = 9;
+  }
+  return 0;
 }
 
 void

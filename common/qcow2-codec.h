@@ -31,6 +31,32 @@ int qcow2_decode_cluster (struct qcow2_decoder *dec,
                           uint8_t *out, size_t out_len,
                           char *errbuf, size_t errlen);
 
+/* Compression, the mirror of decoding: one reusable struct
+ * qcow2_encoder per thread that compresses.
+ */
+struct qcow2_encoder;
+
+struct qcow2_encoder *qcow2_encoder_new (void);
+void qcow2_encoder_free (struct qcow2_encoder *enc);
+
+/* Compress IN (IN_LEN bytes, one cluster) as qemu stores a compressed
+ * cluster of TYPE: raw deflate with a 4 KiB window (qemu decodes with
+ * windowBits -12), or one zstd frame.  LEVEL is the codec's own level.
+ * Returns the compressed length, 0 if the result would not fit in
+ * OUT_CAP bytes (store the cluster uncompressed), or -1 with a message
+ * in ERRBUF.
+ */
+int64_t qcow2_encode_cluster (struct qcow2_encoder *enc,
+                              enum qcow2_compression type, int level,
+                              const uint8_t *in, size_t in_len,
+                              uint8_t *out, size_t out_cap,
+                              char *errbuf, size_t errlen);
+
+/* Default and accepted levels for TYPE. */
+int qcow2_compression_default_level (enum qcow2_compression type);
+int qcow2_compression_level_range (enum qcow2_compression type,
+                                   int *min, int *max);
+
 /* Write "zlib=1.2.13 zstd=1.5.4 libdeflate=1.14" into BUF: the codecs
  * built in and the versions of the libraries in use.
  */

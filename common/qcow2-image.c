@@ -258,6 +258,22 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
     if (r < 0)
       goto fail;
   }
+  if (opts->compress) {
+    enum qcow2_compression type = img->header.compression_type;
+    int min, max;
+
+    qcow2_compression_level_range (type, &min, &max);
+    if (img->opts.compression_level == 0)
+      img->opts.compression_level = qcow2_compression_default_level (type);
+    if (img->opts.compression_level < min ||
+        img->opts.compression_level > max) {
+      qcow2_error (img, "qcow2-compression-level: %d is out of range for "
+                   "%s (%d to %d)", img->opts.compression_level,
+                   qcow2_compression_name (type), min, max);
+      r = -EINVAL;
+      goto fail;
+    }
+  }
 
   *imagep = img;
   return 0;

@@ -78,6 +78,7 @@ struct qcow2_image {
   struct tablemap dirty_l2;   /* changed L2 tables not yet on disk */
   uint8_t *l1_dirty;          /* per L1 entry: changed since written */
   bool l1_any_dirty;
+  uint64_t pack_cursor;       /* next free byte for compressed data, or 0 */
   uint8_t *wbuf;              /* one cluster of scratch for writers */
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
@@ -123,7 +124,51 @@ int qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
 int qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
                          void *buf, uint64_t len, uint64_t offset);
 
+/* What each thread that decodes or encodes keeps (qcow2-read.c). */
+struct thread_state {
+  struct qcow2_decoder *dec;
+  struct qcow2_encoder *enc;    /* made on first use */
+  uint8_t *scratch;             /* one cluster */
+  char err[256];
+};
+void *qcow2_thread_state_new (void *image);
+
+struct request;
+struct compress_ctx;
 struct qcow2_image *qcow2_reader_image (struct qcow2_reader *reader);
+struct qcow2_pool *qcow2_reader_pool (struct qcow2_reader *reader);
+struct compress_ctx **qcow2_reader_compress_free (struct qcow2_reader *reader);
+pthread_mutex_t *qcow2_reader_lock (struct qcow2_reader *reader);
+struct request *qcow2_request_get (struct qcow2_reader *reader);
+void qcow2_request_put (struct qcow2_reader *reader, struct request *req);
+struct thread_state *qcow2_request_caller (struct request *req);
+
+/* Compression of whole clusters in the reader's pool (qcow2-compress.c). */
+#define QCOW2_COMPRESS_ALL_ZERO INT64_MIN
+struct compress_ctx {
+  struct compress_ctx *next_free;
+  struct qcow2_image *img;
+  size_t count;                 /* clusters in this batch */
+  size_t capacity;              /* clusters OUT can hold */
+  const uint8_t **src;          /* per cluster */
+  uint32_t *src_len;            /* < cluster size: zero padded */
+  int64_t *result;              /* length, 0: store plain, ALL_ZERO */
+  uint8_t *out;                 /* capacity * cluster_size */
+  _Atomic int failed;
+  char errmsg[400];
+};
+struct compress_ctx *qcow2_compress_ctx_get (struct qcow2_reader *reader,
+                                             size_t clusters);
+void qcow2_compress_ctx_put (struct qcow2_reader *reader,
+                             struct compress_ctx *ctx);
+void qcow2_compress_ctx_free_all (struct qcow2_reader *reader);
+int qcow2_compress_run (struct qcow2_reader *reader, struct compress_ctx *ctx);
+/* Most clusters compressed in one batch. */
+size_t qcow2_compress_batch_max (const struct qcow2_image *img);
+
+/* Allocate host cluster INDEX if it is free; -EBUSY if it is not. */
+int qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
+                            uint64_t index);
 
 /* Refcounts (qcow2-refcount.c); all with img->lock held exclusively. */
 int qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io);

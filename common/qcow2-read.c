@@ -41,12 +41,6 @@
  */
 #define MIN_JOB_BYTES (64 * 1024)
 
-struct thread_state {
-  struct qcow2_decoder *dec;
-  uint8_t *scratch;             /* one cluster */
-  char err[256];
-};
-
 /* One compressed cluster to decode. */
 struct job {
   uint32_t in_off;              /* of its data in the staging buffer */
@@ -93,10 +87,11 @@ struct qcow2_reader {
   size_t staging_size;
   pthread_mutex_t lock;
   struct request *free_list;
+  struct compress_ctx *compress_free;
 };
 
-static void *
-thread_state_new (void *arg)
+void *
+qcow2_thread_state_new (void *arg)
 {
   struct qcow2_image *img = arg;
   struct thread_state *ts = calloc (1, sizeof *ts);
@@ -122,6 +117,7 @@ thread_state_free (void *state)
   if (ts == NULL)
     return;
   qcow2_decoder_free (ts->dec);
+  qcow2_encoder_free (ts->enc);
   free (ts->scratch);
   free (ts);
 }
@@ -176,12 +172,13 @@ request_free (struct request *req)
   free (req->chunk[1].staging);
   free (req->l2buf);
   qcow2_decoder_free (req->caller.dec);
+  qcow2_encoder_free (req->caller.enc);
   free (req->caller.scratch);
   free (req);
 }
 
-static struct request *
-request_get (struct qcow2_reader *reader)
+struct request *
+qcow2_request_get (struct qcow2_reader *reader)
 {
   struct qcow2_image *img = reader->img;
   struct request *req;
@@ -206,7 +203,7 @@ request_get (struct qcow2_reader *reader)
       goto nomem;
   }
   req->l2buf = malloc (img->header.cluster_size);
-  ts = thread_state_new (img);
+  ts = qcow2_thread_state_new (img);
   if (req->l2buf == NULL || ts == NULL)
     goto nomem;
   req->caller = *ts;
@@ -219,8 +216,8 @@ request_get (struct qcow2_reader *reader)
   return NULL;
 }
 
-static void
-request_put (struct qcow2_reader *reader, struct request *req)
+void
+qcow2_request_put (struct qcow2_reader *reader, struct request *req)
 {
   pthread_mutex_lock (&reader->lock);
   req->next_free = reader->free_list;
@@ -232,6 +229,30 @@ struct qcow2_image *
 qcow2_reader_image (struct qcow2_reader *reader)
 {
   return reader->img;
+}
+
+struct qcow2_pool *
+qcow2_reader_pool (struct qcow2_reader *reader)
+{
+  return reader->pool;
+}
+
+struct compress_ctx **
+qcow2_reader_compress_free (struct qcow2_reader *reader)
+{
+  return &reader->compress_free;
+}
+
+pthread_mutex_t *
+qcow2_reader_lock (struct qcow2_reader *reader)
+{
+  return &reader->lock;
+}
+
+struct thread_state *
+qcow2_request_caller (struct request *req)
+{
+  return &req->caller;
 }
 
 struct qcow2_reader *
@@ -251,7 +272,7 @@ qcow2_reader_new (struct qcow2_image *img)
   reader->staging_size = img->opts.request_size;
   if (reader->staging_size < 2 * (uint64_t) img->header.cluster_size)
     reader->staging_size = 2 * (uint64_t) img->header.cluster_size;
-  reader->pool = qcow2_pool_new (img->opts.threads, thread_state_new,
+  reader->pool = qcow2_pool_new (img->opts.threads, qcow2_thread_state_new,
                                  thread_state_free, img);
   if (reader->pool == NULL) {
     qcow2_error (img, "cannot start %u worker threads", img->opts.threads);
@@ -270,6 +291,7 @@ qcow2_reader_free (struct qcow2_reader *reader)
   if (reader == NULL)
     return;
   qcow2_pool_free (reader->pool);
+  qcow2_compress_ctx_free_all (reader);
   while ((req = reader->free_list) != NULL) {
     reader->free_list = req->next_free;
     request_free (req);
@@ -436,7 +458,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
                  count, offset, img->header.virtual_size);
     return -EINVAL;
   }
-  req = request_get (reader);
+  req = qcow2_request_get (reader);
   if (req == NULL)
     return -ENOMEM;
   req->cur = 0;
@@ -504,7 +526,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
   if (r == 0)
     r = r2;
   pthread_rwlock_unlock (&img->lock);
-  request_put (reader, req);
+  qcow2_request_put (reader, req);
   return r;
 }
 
@@ -538,7 +560,7 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
 
   if (count == 0)
     return 0;
-  req = request_get (reader);
+  req = qcow2_request_get (reader);
   if (req == NULL)
     return -ENOMEM;
   pthread_rwlock_rdlock (&img->lock);
@@ -579,6 +601,6 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
     r = r2;
   }
   pthread_rwlock_unlock (&img->lock);
-  request_put (reader, req);
+  qcow2_request_put (reader, req);
   return r;
 }

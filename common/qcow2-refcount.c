@@ -287,6 +287,7 @@ new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index)
   struct refcounts *rc = &img->rc;
   uint64_t cluster;
   struct meta_table *t;
+  bool counted;
   int r;
 
   if (rt_index >= rc->table_entries) {
@@ -303,9 +304,20 @@ new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index)
   cluster = rt_index << rc->block_bits;
   while (cluster < rc->host_clusters && is_fixed_metadata (img, cluster))
     cluster++;
+  counted = false;
   if (cluster >= rc->host_clusters ||
-      cluster >> rc->block_bits != rt_index)
-    return no_room (img, 1);
+      cluster >> rc->block_bits != rt_index) {
+    /* The range holds nothing but fixed metadata (a large L1 table of a
+     * new image): the block goes wherever the allocator finds room,
+     * which also counts it.
+     */
+    uint64_t offset;
+    r = qcow2_alloc_clusters (img, io, 1, &offset);
+    if (r < 0)
+      return r;
+    cluster = offset >> img->header.cluster_bits;
+    counted = true;
+  }
 
   t = calloc (1, sizeof *t + img->header.cluster_size);
   if (t == NULL) {
@@ -321,7 +333,7 @@ new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index)
   }
   rc->table[rt_index] = t->offset;
   rc->table_dirty = true;
-  return qcow2_refcount_add (img, io, cluster, 1);
+  return counted ? 0 : qcow2_refcount_add (img, io, cluster, 1);
 }
 
 int
@@ -436,6 +448,29 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
   return 0;
 }
 
+int
+qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
+                        uint64_t index)
+{
+  struct refcounts *rc = &img->rc;
+  struct meta_table *block;
+  uint64_t refcount;
+  int r;
+
+  if (index >= rc->host_clusters || is_fixed_metadata (img, index))
+    return -EBUSY;
+  r = get_block (img, io, index >> rc->block_bits, &block);
+  if (r == 0 && block == NULL)
+    r = new_block (img, io, index >> rc->block_bits);
+  if (r == 0)
+    r = qcow2_refcount_get (img, io, index, &refcount);
+  if (r < 0)
+    return r;
+  if (refcount != 0)
+    return -EBUSY;
+  return qcow2_refcount_add (img, io, index, 1);
+}
+
 /* Make the table hold at least MIN_ENTRIES.  The grown table goes to new
  * clusters; it is written whole, and the header pointed at it, at the
  * next writeback; the old clusters are released after that.
@@ -537,6 +572,19 @@ qcow2_refcount_apply_frees (struct qcow2_image *img, struct qcow2_io *io)
     }
   }
   rc->npending = 0;
+
+  /* If the host cluster that compressed data was being packed into was
+   * released entirely, it may be handed out again: pack elsewhere.
+   */
+  if (img->pack_cursor) {
+    uint64_t refcount;
+    r = qcow2_refcount_get (img, io, (img->pack_cursor - 1) >> bits,
+                            &refcount);
+    if (r < 0)
+      return r;
+    if (refcount == 0)
+      img->pack_cursor = 0;
+  }
   return 0;
 }
 

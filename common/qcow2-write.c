@@ -340,7 +340,10 @@ change_range (struct qcow2_image *img, struct qcow2_io *io, enum op op,
         struct cluster_map map;
 
         r = qcow2_classify (img, gc, entry, &map);
-        if (r == 0 && whole) {
+        /* Without a backing file an unallocated cluster reads as zeros
+         * already.
+         */
+        if (r == 0 && whole && map.kind != CLUSTER_UNALLOCATED) {
           uint64_t zero_entry = img->header.version >= 3 ? L2E_ZERO : 0;
           if (entry != zero_entry) {
             put_be64 (t->data + index * 8, zero_entry);
@@ -348,7 +351,7 @@ change_range (struct qcow2_image *img, struct qcow2_io *io, enum op op,
             r = release (img, &map);
           }
         }
-        else if (r == 0 && op == OP_ZERO &&
+        else if (r == 0 && !whole && op == OP_ZERO &&
                  map.kind != CLUSTER_UNALLOCATED && map.kind != CLUSTER_ZERO)
           r = write_cluster (img, io, &run, t, index, gc, NULL,
                              pos - cstart, hi - pos);
@@ -364,6 +367,208 @@ change_range (struct qcow2_image *img, struct qcow2_io *io, enum op op,
   return r;
 }
 
+/* Put LEN bytes of one cluster's compressed data into the packing area,
+ * back to back with the previous cluster's as qemu packs them: into the
+ * rest of the current host cluster, running on into the next host cluster
+ * if that one can be allocated right after it, else into a new one.
+ * Every host cluster the sector-rounded range touches gets one more
+ * reference (a newly allocated one already has its first).
+ */
+static int
+pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
+                 const uint8_t *data, uint64_t len, uint64_t *host)
+{
+  const uint32_t bits = img->header.cluster_bits;
+  const uint64_t cluster_size = img->header.cluster_size;
+  uint64_t cur = img->pack_cursor;
+  uint64_t fresh[2], c, first, last, offset;
+  unsigned nfresh = 0, i;
+  int r;
+
+  if (cur) {
+    uint64_t cluster_end = ((cur - 1) | (cluster_size - 1)) + 1;
+    if (cur + len > cluster_end) {
+      r = qcow2_alloc_cluster_at (img, io, cluster_end >> bits);
+      if (r == -EBUSY)
+        cur = 0;
+      else if (r < 0)
+        return r;
+      else
+        fresh[nfresh++] = cluster_end >> bits;
+    }
+  }
+  if (cur == 0) {
+    r = qcow2_alloc_clusters (img, io, 1, &offset);
+    if (r < 0)
+      return r;
+    cur = offset;
+    fresh[nfresh++] = offset >> bits;
+  }
+  if (cur > img->coffset_mask) {
+    qcow2_error (img, "host offset 0x%" PRIx64 " is too large for a "
+                 "compressed cluster descriptor", cur);
+    r = -EFBIG;
+    goto fail;
+  }
+
+  first = (cur & ~UINT64_C (511)) >> bits;
+  last = ((cur + len - 1) | 511) >> bits;
+  for (c = first; c <= last; ++c) {
+    bool is_fresh = false;
+    for (i = 0; i < nfresh; ++i)
+      is_fresh |= fresh[i] == c;
+    if (!is_fresh && (r = qcow2_refcount_add (img, io, c, 1)) < 0)
+      goto fail;
+  }
+  r = qcow2_pwrite_logged (img, io, data, len, cur);
+  if (r < 0)
+    goto fail;
+  *host = cur;
+  img->pack_cursor = cur + len;
+  return 0;
+
+ fail:
+  for (i = 0; i < nfresh; ++i)
+    qcow2_free_later (img, fresh[i] << bits, cluster_size, 0);
+  img->pack_cursor = 0;
+  return r;
+}
+
+/* Store the compression result of guest cluster GC: RESULT is the
+ * compressed length of CDATA, 0 to store SRC (SRC_LEN bytes) plain, or
+ * all zero.
+ */
+static int
+place_cluster (struct qcow2_image *img, struct qcow2_io *io, uint64_t gc,
+               int64_t result, const uint8_t *cdata,
+               const uint8_t *src, uint32_t src_len)
+{
+  uint64_t l1_index = gc >> img->header.l2_bits;
+  uint64_t index = gc & ((UINT64_C (1) << img->header.l2_bits) - 1);
+  struct data_run run = { 0 };
+  struct meta_table *t;
+  struct cluster_map map;
+  uint64_t entry, new_entry, host;
+  int r;
+
+  r = l2_for_write (img, io, l1_index, true, &t);
+  if (r < 0)
+    return r;
+  if (result == 0) {
+    r = write_cluster (img, io, &run, t, index, gc, src, 0, src_len);
+    if (r == 0)
+      r = run_flush (img, io, &run);
+    return r;
+  }
+
+  entry = be64 (t->data + index * 8);
+  r = qcow2_classify (img, gc, entry, &map);
+  if (r < 0)
+    return r;
+  if (result == QCOW2_COMPRESS_ALL_ZERO) {
+    /* Without a backing file an unallocated cluster already reads as
+     * zeros: leave it, as qemu-img convert does.
+     */
+    if (map.kind == CLUSTER_UNALLOCATED)
+      return 0;
+    new_entry = img->header.version >= 3 ? L2E_ZERO : 0;
+    if (entry == new_entry)
+      return 0;
+  }
+  else {
+    r = pack_compressed (img, io, cdata, result, &host);
+    if (r < 0)
+      return r;
+    new_entry = L2E_COMPRESSED | host |
+      ((((host + result - 1) >> 9) - (host >> 9)) << img->csize_shift);
+  }
+  put_be64 (t->data + index * 8, new_entry);
+  t->dirty = true;
+  return release (img, &map);
+}
+
+/* Compress the batch outside the lock, then place it under the lock. */
+static int
+flush_compress_batch (struct qcow2_reader *reader, struct qcow2_io *io,
+                      struct compress_ctx *ctx, uint64_t first_gc)
+{
+  struct qcow2_image *img = ctx->img;
+  size_t i;
+  int r;
+
+  if (ctx->count == 0)
+    return 0;
+  r = qcow2_compress_run (reader, ctx);
+  if (r < 0)
+    return r;
+  pthread_rwlock_wrlock (&img->lock);
+  for (i = 0; i < ctx->count && r == 0; ++i)
+    r = place_cluster (img, io, first_gc + i, ctx->result[i],
+                       ctx->out + i * (size_t) img->header.cluster_size,
+                       ctx->src[i], ctx->src_len[i]);
+  if (r == 0 && too_much_dirty (img))
+    r = flush_locked (img, io, false);
+  pthread_rwlock_unlock (&img->lock);
+  ctx->count = 0;
+  return r;
+}
+
+/* A write with compression on: whole clusters (and the disk's last
+ * cluster when the write reaches the end of the disk) are compressed;
+ * the parts of clusters at either end take the plain path.
+ */
+static int
+write_compressed (struct qcow2_reader *reader, struct qcow2_io *io,
+                  const uint8_t *buf, uint64_t count, uint64_t offset)
+{
+  struct qcow2_image *img = qcow2_reader_image (reader);
+  const uint32_t bits = img->header.cluster_bits;
+  const uint64_t cluster_size = img->header.cluster_size;
+  const uint64_t end = offset + count;
+  struct compress_ctx *ctx;
+  uint64_t pos = offset, batch_gc = 0;
+  size_t clusters = (count >> bits) + 1;
+  int r = 0, r2;
+
+  if (clusters > qcow2_compress_batch_max (img))
+    clusters = qcow2_compress_batch_max (img);
+  ctx = qcow2_compress_ctx_get (reader, clusters);
+  if (ctx == NULL)
+    return -ENOMEM;
+
+  while (pos < end && r == 0) {
+    uint64_t cstart = pos & ~(cluster_size - 1);
+    uint64_t cend = cstart + cluster_size;
+    uint64_t hi = end < cend ? end : cend;
+
+    if (cend > img->header.virtual_size)
+      cend = img->header.virtual_size;
+    if (pos == cstart && cend <= end) {
+      if (ctx->count == 0)
+        batch_gc = cstart >> bits;
+      ctx->src[ctx->count] = buf + (pos - offset);
+      ctx->src_len[ctx->count] = cend - cstart;
+      ctx->count++;
+      pos = cend;
+      if (ctx->count == ctx->capacity)
+        r = flush_compress_batch (reader, io, ctx, batch_gc);
+      continue;
+    }
+    r = flush_compress_batch (reader, io, ctx, batch_gc);
+    if (r < 0)
+      break;
+    pthread_rwlock_wrlock (&img->lock);
+    r = change_range (img, io, OP_WRITE, buf + (pos - offset), hi - pos, pos);
+    pthread_rwlock_unlock (&img->lock);
+    pos = hi;
+  }
+  r2 = flush_compress_batch (reader, io, ctx, batch_gc);
+  if (r == 0)
+    r = r2;
+  qcow2_compress_ctx_put (reader, ctx);
+  return r;
+}
+
 int
 qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
              const void *buf, uint64_t count, uint64_t offset, bool fua)
@@ -373,6 +578,12 @@ qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
 
   if (r < 0 || count == 0)
     return r;
+  if (img->opts.compress) {
+    r = write_compressed (reader, io, buf, count, offset);
+    if (r == 0 && fua)
+      r = qcow2_flush (img, io);
+    return r;
+  }
   pthread_rwlock_wrlock (&img->lock);
   r = change_range (img, io, OP_WRITE, buf, count, offset);
   if (r == 0 && fua)

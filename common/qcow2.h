@@ -25,6 +25,15 @@ struct qcow2_options {
   uint64_t request_size;          /* largest coalesced read underneath */
   uint64_t l2_cache_size;         /* bytes */
   uint64_t cluster_cache_size;    /* bytes */
+  bool compress;                  /* store whole-cluster writes compressed */
+  int compression_level;          /* the codec's level; 0: its default */
+};
+
+/* What qcow2_create makes. */
+struct qcow2_create_options {
+  uint64_t virtual_size;
+  uint32_t cluster_bits;
+  enum qcow2_compression compression_type;
 };
 
 #define QCOW2_DEFAULT_REQUEST_SIZE       (UINT64_C (4) << 20)
@@ -57,6 +66,17 @@ int qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
                       const struct qcow2_options *opts,
                       struct qcow2_image **image);
 void qcow2_image_close (struct qcow2_image *image);
+
+/* Format the storage IO reads and writes as a new, empty qcow2 v3 image
+ * (refcount width 16, no extensions), then open it like qcow2_image_open
+ * with OPTS (which must be writable).  Refuses, changing nothing, unless
+ * the first cluster of the storage is all zeros, and if the storage is
+ * too small for the image's metadata.
+ */
+int qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
+                  const struct qcow2_create_options *create,
+                  const struct qcow2_options *opts,
+                  struct qcow2_image **image);
 
 const struct qcow2_header *qcow2_image_header (const struct qcow2_image *image);
 bool qcow2_image_writable (const struct qcow2_image *image);

@@ -34,6 +34,15 @@ static struct qcow2_options options = {
   .cluster_cache_size = QCOW2_DEFAULT_CLUSTER_CACHE_SIZE,
 };
 static unsigned threads_param;  /* 0: not given */
+static int compress_param = -1; /* -1: not given */
+
+/* qcow2-create: format the plugin's storage as a new image, once. */
+static bool create_requested, created;
+static struct qcow2_create_options create_opts = {
+  .cluster_bits = 16,
+  .compression_type = QCOW2_COMPRESSION_ZSTD,
+};
+static bool create_details_given;
 
 /* One image serves every connection, so that they share the caches.  It
  * is opened by the first connection and closed with the last one.
@@ -217,6 +226,55 @@ qcow2zstd_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   if (strcmp (key, "qcow2-cluster-cache-size") == 0)
     return parse_size_param (key, value, 0, physical_memory (),
                              &options.cluster_cache_size);
+  if (strcmp (key, "qcow2-create") == 0) {
+    create_requested = true;
+    return parse_size_param (key, value, 0, INT64_MAX / 2,
+                             &create_opts.virtual_size);
+  }
+  if (strcmp (key, "qcow2-cluster-size") == 0) {
+    uint64_t size;
+    if (parse_size_param (key, value, 512, 2 << 20, &size) == -1)
+      return -1;
+    if (size & (size - 1)) {
+      nbdkit_error ("%s: %s is not a power of 2", key, value);
+      return -1;
+    }
+    create_opts.cluster_bits = __builtin_ctzll (size);
+    create_details_given = true;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-compression-type") == 0) {
+    if (strcmp (value, "zstd") == 0)
+      create_opts.compression_type = QCOW2_COMPRESSION_ZSTD;
+    else if (strcmp (value, "zlib") == 0)
+      create_opts.compression_type = QCOW2_COMPRESSION_ZLIB;
+    else {
+      nbdkit_error ("%s: unknown compression type '%s' (zlib or zstd)",
+                    key, value);
+      return -1;
+    }
+    create_details_given = true;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-compress") == 0) {
+    compress_param = nbdkit_parse_bool (value);
+    if (compress_param == -1) {
+      nbdkit_error ("%s: '%s' is not a boolean", key, value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "qcow2-compression-level") == 0) {
+    if (nbdkit_parse_int (key, value, &options.compression_level) == -1)
+      return -1;
+    /* The codec's own range is checked when the image's type is known. */
+    if (options.compression_level < 1 || options.compression_level > 22) {
+      nbdkit_error ("%s: %s is out of range (zlib 1 to 9, zstd 1 to 22)",
+                    key, value);
+      return -1;
+    }
+    return 0;
+  }
   return next (nxdata, key, value);
 }
 
@@ -234,6 +292,16 @@ qcow2zstd_config_complete (nbdkit_next_config_complete *next,
    * workers in the pool.
    */
   options.threads = threads - 1;
+
+  if (create_details_given && !create_requested) {
+    nbdkit_error ("qcow2-cluster-size and qcow2-compression-type only "
+                  "apply with qcow2-create=SIZE");
+    return -1;
+  }
+  /* Compression is what creating an image is for; an existing image is
+   * written the way qemu writes it unless asked.
+   */
+  options.compress = compress_param == -1 ? create_requested : compress_param;
   return next (nxdata);
 }
 
@@ -241,7 +309,12 @@ qcow2zstd_config_complete (nbdkit_next_config_complete *next,
   "qcow2-threads=N                Threads decoding each request (default: CPUs).\n" \
   "qcow2-request-size=SIZE        Largest read of the plugin (default 4M).\n" \
   "qcow2-l2-cache-size=SIZE       L2 table cache, all connections (default 32M).\n" \
-  "qcow2-cluster-cache-size=SIZE  Decompressed cluster cache (default 64M)."
+  "qcow2-cluster-cache-size=SIZE  Decompressed cluster cache (default 64M).\n" \
+  "qcow2-create=SIZE              Format the plugin as a new image of SIZE.\n" \
+  "qcow2-cluster-size=SIZE        Cluster size of a created image (default 64K).\n" \
+  "qcow2-compression-type=zlib|zstd  Of a created image (default zstd).\n" \
+  "qcow2-compress=BOOL            Store whole-cluster writes compressed.\n" \
+  "qcow2-compression-level=N      zlib 1-9 (default 6), zstd 1-22 (default 3)."
 
 static int
 qcow2zstd_thread_model (void)
@@ -333,7 +406,19 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
      * plugin that cannot write.
      */
     opts.writable = !readonly && plugin_can_write == 1;
-    r = qcow2_image_open (&io, &engine_log, &opts, &image);
+    if (create_requested && !created) {
+      if (!opts.writable) {
+        nbdkit_error ("qcow2-create: cannot create an image on a read-only "
+                      "connection or plugin");
+        r = -EROFS;
+      }
+      else
+        r = qcow2_create (&io, &engine_log, &create_opts, &opts, &image);
+      if (r == 0)
+        created = true;
+    }
+    else
+      r = qcow2_image_open (&io, &engine_log, &opts, &image);
   }
   if (r == 0)
     image_users++;

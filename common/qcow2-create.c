@@ -1,0 +1,170 @@
+/* qcow2zstd engine: formatting storage as a new qcow2 image.
+ *
+ * Layout, as qemu-img create lays out a new image: the header in cluster
+ * 0, the refcount table from cluster 1, the L1 table after it.  The
+ * refcount blocks are made by the ordinary allocator when the metadata
+ * clusters are counted, so there is one code path for refcounts.
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qcow2-internal.h"
+#include "qcow2-endian.h"
+
+/* qemu 7.2 writes 112-byte v3 headers: 104 + compression type + padding. */
+#define CREATE_HEADER_LENGTH 112
+
+static void
+create_error (const struct qcow2_log *log, const char *msg)
+{
+  if (log && log->error)
+    log->error (log->opaque, msg);
+}
+
+static bool
+all_zero (const uint8_t *p, size_t len)
+{
+  return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
+}
+
+int
+qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
+              const struct qcow2_create_options *create,
+              const struct qcow2_options *opts, struct qcow2_image **imagep)
+{
+  const uint32_t bits = create->cluster_bits;
+  const uint64_t cluster_size = UINT64_C (1) << bits;
+  uint64_t l2_coverage, l1_size, l1_clusters, rt_entries, rt_clusters;
+  uint64_t host_clusters, meta_clusters, c, pos;
+  uint8_t *buf = NULL;
+  char msg[512];
+  int64_t device_size;
+  struct qcow2_image *img = NULL;
+  int r;
+
+  *imagep = NULL;
+  if (bits < QCOW2_MIN_CLUSTER_BITS || bits > QCOW2_MAX_CLUSTER_BITS) {
+    create_error (log, "qcow2-cluster-size: must be a power of 2 from 512 "
+                  "bytes to 2 MiB");
+    return -EINVAL;
+  }
+  l2_coverage = cluster_size / 8 * cluster_size;
+  if (create->virtual_size > INT64_MAX - l2_coverage) {
+    create_error (log, "qcow2-create: the virtual size is too large");
+    return -EINVAL;
+  }
+  l1_size = (create->virtual_size + l2_coverage - 1) / l2_coverage;
+  if (l1_size * 8 > QCOW2_MAX_L1_BYTES) {
+    snprintf (msg, sizeof msg, "qcow2-create: a virtual size of %" PRIu64
+              " bytes needs an L1 table over 32 MiB with %" PRIu64
+              "-byte clusters; use a larger qcow2-cluster-size",
+              create->virtual_size, cluster_size);
+    create_error (log, msg);
+    return -EINVAL;
+  }
+  l1_clusters = (l1_size * 8 + cluster_size - 1) / cluster_size;
+
+  device_size = io->size (io->opaque);
+  if (device_size < 0) {
+    create_error (log, "qcow2-create: cannot get the size of the device");
+    return (int) device_size;
+  }
+  host_clusters = (uint64_t) device_size >> bits;
+  /* One table entry per refcount block of 16-bit refcounts. */
+  rt_entries = (host_clusters + cluster_size / 2 - 1) / (cluster_size / 2) + 1;
+  rt_clusters = (rt_entries * 8 + cluster_size - 1) / cluster_size;
+  meta_clusters = 1 + rt_clusters + l1_clusters;
+  /* The metadata, a refcount block, and one cluster of data at least. */
+  if (host_clusters < meta_clusters + 2) {
+    snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
+              " bytes) is too small for the image's metadata (%" PRIu64
+              " bytes at least); make it larger (for a file: truncate -s "
+              "SIZE FILE)", device_size, (meta_clusters + 2) << bits);
+    create_error (log, msg);
+    return -ENOSPC;
+  }
+
+  buf = calloc (1, cluster_size);
+  if (buf == NULL)
+    return -ENOMEM;
+  r = io->pread (io->opaque, buf, cluster_size, 0);
+  if (r < 0) {
+    create_error (log, "qcow2-create: cannot read the first cluster of the "
+                  "device");
+    goto out;
+  }
+  if (!all_zero (buf, cluster_size)) {
+    create_error (log, "qcow2-create: the first cluster of the device is not "
+                  "all zeros (it may hold an image or a filesystem); refusing "
+                  "to format it");
+    r = -EEXIST;
+    goto out;
+  }
+
+  /* Clear the refcount table and L1 table, make that durable, and only
+   * then write the header that gives them meaning.
+   */
+  memset (buf, 0, cluster_size);
+  for (c = 1; c < meta_clusters; ++c) {
+    r = io->pwrite (io->opaque, buf, cluster_size, c << bits);
+    if (r < 0)
+      goto write_failed;
+  }
+  r = io->flush (io->opaque);
+  if (r < 0)
+    goto write_failed;
+
+  put_be32 (buf + 0, QCOW2_MAGIC);
+  put_be32 (buf + 4, 3);
+  put_be32 (buf + 20, bits);
+  put_be64 (buf + 24, create->virtual_size);
+  put_be32 (buf + 36, l1_size);
+  put_be64 (buf + 40, l1_size ? (1 + rt_clusters) << bits : 0);
+  put_be64 (buf + 48, cluster_size);
+  put_be32 (buf + 56, rt_clusters);
+  put_be64 (buf + 72, create->compression_type == QCOW2_COMPRESSION_ZSTD
+            ? QCOW2_INCOMPAT_COMPRESSION : 0);
+  put_be32 (buf + 96, 4);
+  put_be32 (buf + 100, CREATE_HEADER_LENGTH);
+  buf[104] = create->compression_type;
+  r = io->pwrite (io->opaque, buf, cluster_size, 0);
+  if (r == 0)
+    r = io->flush (io->opaque);
+  if (r < 0)
+    goto write_failed;
+
+  r = qcow2_image_open (io, log, opts, &img);
+  if (r < 0)
+    goto out;
+  pthread_rwlock_wrlock (&img->lock);
+  for (pos = 0; pos < meta_clusters && r == 0; ++pos)
+    r = qcow2_refcount_add (img, io, pos, 1);
+  pthread_rwlock_unlock (&img->lock);
+  if (r == 0)
+    r = qcow2_flush (img, io);
+  if (r < 0) {
+    qcow2_image_close (img);
+    goto out;
+  }
+  qcow2_debug (img, "created a qcow2 v3 image: virtual size %" PRIu64
+               ", cluster size %" PRIu64 ", %s, %" PRIu64 " bytes of "
+               "metadata, room for %" PRIu64 " clusters",
+               create->virtual_size, cluster_size,
+               create->compression_type == QCOW2_COMPRESSION_ZSTD
+               ? "zstd" : "zlib",
+               meta_clusters << bits, host_clusters - meta_clusters);
+  *imagep = img;
+  r = 0;
+  goto out;
+
+ write_failed:
+  create_error (log, "qcow2-create: writing the new image failed");
+ out:
+  free (buf);
+  return r;
+}
