@@ -33,6 +33,34 @@ all_zero (const uint8_t *p, size_t len)
 }
 
 int
+qcow2_create_validate (const struct qcow2_create_options *create,
+                       char *errbuf, size_t errlen)
+{
+  const uint32_t bits = create->cluster_bits;
+  uint64_t l2_coverage, l1_size;
+
+  if (bits < QCOW2_MIN_CLUSTER_BITS || bits > QCOW2_MAX_CLUSTER_BITS) {
+    snprintf (errbuf, errlen, "qcow2-cluster-size: must be a power of 2 "
+              "from 512 bytes to 2 MiB");
+    return -1;
+  }
+  l2_coverage = (UINT64_C (1) << bits) / 8 << bits;
+  if (create->virtual_size > INT64_MAX - l2_coverage) {
+    snprintf (errbuf, errlen, "qcow2-create: the virtual size is too large");
+    return -1;
+  }
+  l1_size = (create->virtual_size + l2_coverage - 1) / l2_coverage;
+  if (l1_size * 8 > QCOW2_MAX_L1_BYTES) {
+    snprintf (errbuf, errlen, "qcow2-create: a virtual size of %" PRIu64
+              " bytes needs an L1 table over 32 MiB with %" PRIu64
+              "-byte clusters; use a larger qcow2-cluster-size",
+              create->virtual_size, UINT64_C (1) << bits);
+    return -1;
+  }
+  return 0;
+}
+
+int
 qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
               const struct qcow2_create_options *create,
               const struct qcow2_options *opts, struct qcow2_image **imagep)
@@ -48,25 +76,12 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   int r;
 
   *imagep = NULL;
-  if (bits < QCOW2_MIN_CLUSTER_BITS || bits > QCOW2_MAX_CLUSTER_BITS) {
-    create_error (log, "qcow2-cluster-size: must be a power of 2 from 512 "
-                  "bytes to 2 MiB");
-    return -EINVAL;
-  }
-  l2_coverage = cluster_size / 8 * cluster_size;
-  if (create->virtual_size > INT64_MAX - l2_coverage) {
-    create_error (log, "qcow2-create: the virtual size is too large");
-    return -EINVAL;
-  }
-  l1_size = (create->virtual_size + l2_coverage - 1) / l2_coverage;
-  if (l1_size * 8 > QCOW2_MAX_L1_BYTES) {
-    snprintf (msg, sizeof msg, "qcow2-create: a virtual size of %" PRIu64
-              " bytes needs an L1 table over 32 MiB with %" PRIu64
-              "-byte clusters; use a larger qcow2-cluster-size",
-              create->virtual_size, cluster_size);
+  if (qcow2_create_validate (create, msg, sizeof msg) == -1) {
     create_error (log, msg);
     return -EINVAL;
   }
+  l2_coverage = cluster_size / 8 * cluster_size;
+  l1_size = (create->virtual_size + l2_coverage - 1) / l2_coverage;
   l1_clusters = (l1_size * 8 + cluster_size - 1) / cluster_size;
 
   device_size = io->size (io->opaque);

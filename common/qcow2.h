@@ -73,6 +73,11 @@ void qcow2_image_close (struct qcow2_image *image);
  * the first cluster of the storage is all zeros, and if the storage is
  * too small for the image's metadata.
  */
+/* Check CREATE's sizes without touching storage: 0, or -1 with a
+ * sentence naming the parameter in ERRBUF.
+ */
+int qcow2_create_validate (const struct qcow2_create_options *create,
+                           char *errbuf, size_t errlen);
 int qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
                   const struct qcow2_create_options *create,
                   const struct qcow2_options *opts,

@@ -228,8 +228,14 @@ qcow2zstd_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
                              &options.cluster_cache_size);
   if (strcmp (key, "qcow2-create") == 0) {
     create_requested = true;
-    return parse_size_param (key, value, 0, INT64_MAX / 2,
-                             &create_opts.virtual_size);
+    if (parse_size_param (key, value, 0, INT64_MAX / 2,
+                          &create_opts.virtual_size) == -1)
+      return -1;
+    /* qemu sees a disk in whole 512-byte sectors (it would drop a partial
+     * last one), so round up as qemu-img create does.
+     */
+    create_opts.virtual_size = (create_opts.virtual_size + 511) & ~UINT64_C (511);
+    return 0;
   }
   if (strcmp (key, "qcow2-cluster-size") == 0) {
     uint64_t size;
@@ -297,6 +303,13 @@ qcow2zstd_config_complete (nbdkit_next_config_complete *next,
     nbdkit_error ("qcow2-cluster-size and qcow2-compression-type only "
                   "apply with qcow2-create=SIZE");
     return -1;
+  }
+  if (create_requested) {
+    char err[256];
+    if (qcow2_create_validate (&create_opts, err, sizeof err) == -1) {
+      nbdkit_error ("%s", err);
+      return -1;
+    }
   }
   /* Compression is what creating an image is for; an existing image is
    * written the way qemu writes it unless asked.

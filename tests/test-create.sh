@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Creating compressed images (qcow2-create) and compressing writes
+# (qcow2-compress): every cluster size and both compression types, all
+# zero and incompressible clusters, a partial last cluster, concurrent
+# compressed writes; bad sizes and a non-empty device refused.  Every
+# image made must pass qemu-img check, compare identical to its source,
+# and show the requested compression type in qemu-img info.
+source "${top_srcdir:-.}/tests/functions.sh"
+requires nbdcopy qemu-io
+PYTHON=/usr/bin/python3
+$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+
+cd "$TMPDIR_TEST"
+
+# Source: compressible text, incompressible random data, all-zero
+# clusters (written, not holes) and holes; 5 MiB + 1024 bytes, so the
+# last cluster of every cluster size but 512 is partial.
+$PYTHON - <<'EOF'
+import random
+rng = random.Random(5)
+size = 5 * 1024 * 1024 + 1024
+out = bytearray()
+words = [b"qcow2", b"zstd", b"deflate", b"cluster", b"nbdkit", b"\n", b"the", b"image"]
+while len(out) < size:
+    k = rng.randrange(4)
+    n = rng.randrange(1000, 400000)
+    if k == 0:
+        out += rng.randbytes(n)
+    elif k == 1:
+        out += b" ".join(rng.choice(words) for _ in range(n // 5))
+    else:
+        out += bytes(n)
+out = out[:size]
+out[0:(2 << 20) + 50] = rng.randbytes((2 << 20) + 50)  # a whole 2M cluster of noise
+out[2 << 20:(4 << 20) + 100] = bytes((2 << 20) + 100)   # a whole 2M cluster of zeros
+out[-600:] = b"tail " * 120       # data in the partial last cluster
+open("src.raw", "wb").write(out)
+EOF
+
+check_image ()
+{
+    local img=$1 type=$2 what=$3
+    qemu-img check "$img" > check.out 2>&1 || { cat check.out; fail "$what: qemu-img check failed"; }
+    grep -q "No errors were found" check.out || { cat check.out; fail "$what: check found problems"; }
+    qemu-img compare -q -f qcow2 -F raw "$img" src.raw || fail "$what: differs from the source"
+    qemu-img info "$img" | grep -q "compression type: $type" ||
+        fail "$what: qemu-img info does not show compression type $type"
+    grep -Eq '[1-9][0-9.]*% compressed clusters' check.out ||
+        { cat check.out; fail "$what: no compressed clusters"; }
+}
+
+size=$(stat -c %s src.raw)
+for cs in 512 4K 64K 2M; do
+    for type in zstd zlib; do
+        rm -f new.qcow2
+        truncate -s 24M new.qcow2
+        start_server "$PWD/sock" file new.qcow2 qcow2-create="$size" \
+            qcow2-cluster-size=$cs qcow2-compression-type=$type
+        nbdcopy src.raw "$(nbd_uri "$PWD/sock")"
+        stop_server
+        check_image new.qcow2 $type "create $cs $type"
+        # All-zero clusters are left unallocated, incompressible ones are
+        # stored as they are: qemu-img map shows both kinds of range.
+        qemu-img map --output=json new.qcow2 > map.json
+        $PYTHON - map.json <<'EOF' || fail "create $cs $type: map"
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert any(not e["data"] for e in m), "no unallocated range"
+assert any(e["data"] and "offset" in e for e in m), "no uncompressed data cluster"
+EOF
+        echo "create cluster $cs $type: check clean, identical, compressed, zero clusters unallocated"
+    done
+done
+
+# A level and the other knobs.
+rm -f new.qcow2; truncate -s 24M new.qcow2
+start_server "$PWD/sock" file new.qcow2 qcow2-create="$size" qcow2-compression-level=19
+nbdcopy src.raw "$(nbd_uri "$PWD/sock")"
+stop_server
+check_image new.qcow2 zstd "zstd level 19"
+echo "zstd level 19: check clean, identical"
+
+# Compression on an existing image (zlib, 4k clusters), with concurrent
+# writers: whole-cluster writes from three connections get compressed.
+qemu-img convert -c -O qcow2 -o cluster_size=4096,compression_type=zlib src.raw existing.qcow2
+truncate -s +30M existing.qcow2
+cp src.raw mirror.raw
+start_server "$PWD/sock" file existing.qcow2 qcow2-compress=true
+$PYTHON "$top_srcdir/tests/write-workload.py" "$(nbd_uri "$PWD/sock")" \
+    mirror.raw 77 3 600 4096 > workload.out || { cat workload.out; fail "concurrent compressed writes"; }
+stop_server
+cp mirror.raw src.raw
+check_image existing.qcow2 zlib "concurrent compressed writes"
+echo "qcow2-compress=true, 3 connections x 600 operations: check clean, identical"
+
+# Several connections copying into a created image at once.
+head -c 3M /dev/urandom > a.raw
+$PYTHON -c "import sys; sys.stdout.buffer.write(b'compress me ' * 300000)" | head -c 3M > b.raw
+cat a.raw b.raw a.raw b.raw > src.raw
+rm -f new.qcow2; truncate -s 30M new.qcow2
+start_server "$PWD/sock" file new.qcow2 qcow2-create=12M qcow2-cluster-size=64K qcow2-threads=2
+nbdcopy --connections=4 --requests=8 src.raw "$(nbd_uri "$PWD/sock")"
+stop_server
+check_image new.qcow2 zstd "nbdcopy with 4 connections"
+echo "nbdcopy --connections=4 into a created image: check clean, identical"
+
+# Refusals.
+expect_startup_error ()
+{
+    local what=$1 pattern=$2
+    shift 2
+    if run_nbdkit -U "$PWD/bad.sock" --filter="$FILTER" file new.qcow2 "$@" --run true 2> err.out; then
+        fail "$what: accepted"
+    fi
+    grep -q -- "$pattern" err.out || { cat err.out; fail "$what: no error naming $pattern"; }
+    echo "$what: refused ($(grep -o -- "$pattern.*" err.out | head -1 | cut -c1-70))"
+}
+expect_startup_error "negative size" qcow2-create qcow2-create=-1
+expect_startup_error "bad size" qcow2-create qcow2-create=lots
+
+# A size that is not a multiple of 512 is rounded up, as qemu-img create
+# rounds it: qemu would not see a partial last sector.
+rm -f new.qcow2; truncate -s 4M new.qcow2
+start_server "$PWD/sock" file new.qcow2 qcow2-create=1000
+[ "$(nbdinfo --size "$(nbd_uri "$PWD/sock")")" = 1024 ] || fail "qcow2-create=1000 is not rounded to 1024"
+stop_server
+[ "$(qemu-img info --output=json new.qcow2 | $PYTHON -c 'import json,sys; print(json.load(sys.stdin)["virtual-size"])')" = 1024 ] ||
+    fail "qemu does not see 1024 bytes"
+echo "qcow2-create=1000: a 1024-byte disk"
+expect_startup_error "size too large for 512-byte clusters" "use a larger qcow2-cluster-size" \
+    qcow2-create=1P qcow2-cluster-size=512
+expect_startup_error "cluster size not a power of 2" qcow2-cluster-size qcow2-create=1M qcow2-cluster-size=3000
+expect_startup_error "cluster size too large" qcow2-cluster-size qcow2-create=1M qcow2-cluster-size=4M
+expect_startup_error "unknown compression type" qcow2-compression-type qcow2-create=1M qcow2-compression-type=lz4
+expect_startup_error "level out of range" qcow2-compression-level qcow2-create=1M qcow2-compression-level=99
+expect_startup_error "cluster size without create" "only apply with qcow2-create" qcow2-cluster-size=4K
+expect_startup_error "bad boolean" qcow2-compress qcow2-compress=maybe
+
+# A device whose first cluster holds data is not formatted, and is left
+# as it was.
+cp existing.qcow2 taken.qcow2
+before=$(md5sum < taken.qcow2)
+start_server "$PWD/sock" file taken.qcow2 qcow2-create=1M
+nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "a non-empty device was formatted"
+grep -q "not all zeros" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "no message for a non-empty device"; }
+stop_server
+[ "$(md5sum < taken.qcow2)" = "$before" ] || fail "the non-empty device was modified"
+echo "non-empty device: refused, unchanged"
+
+# A device too small for the metadata.
+rm -f tiny.img; truncate -s 100K tiny.img
+start_server "$PWD/sock" file tiny.img qcow2-create=1G
+nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "a tiny device was formatted"
+grep -q "too small" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "no message for a tiny device"; }
+stop_server
+echo "device too small: refused"
+
+# A zlib level outside zlib's range is refused when the image is known.
+rm -f new.qcow2; truncate -s 4M new.qcow2
+start_server "$PWD/sock" file new.qcow2 qcow2-create=1M qcow2-compression-type=zlib qcow2-compression-level=15
+nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "zlib level 15 was accepted"
+grep -q "qcow2-compression-level: 15 is out of range for zlib" "$PWD/sock.log" ||
+    { cat "$PWD/sock.log"; fail "no message for zlib level 15"; }
+stop_server
+echo "zlib level 15: refused"
