@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-rm -rf corpus-header corpus-image corpus-decode
-mkdir corpus-header corpus-image corpus-decode
+rm -rf corpus-header corpus-image corpus-decode corpus-write
+mkdir corpus-header corpus-image corpus-decode corpus-write
 
 n=0
 for cs in 512 4096; do
@@ -27,6 +27,15 @@ for cs in 512 4096; do
       printf '\x01\x02\x03\x00\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00' > corpus-image/$n
       cat "$img" >> corpus-image/$n
       head -c "$cs" "$img" > corpus-header/$n
+      # Write target: 8 operations of 8 bytes (kind, fill byte, offset,
+      # length), then the image.
+      python3 -c 'import sys
+ops = [(0, 0x41, 100, 3000), (1, 0, 2 * 512, 5000), (0, 0x42, 0, 9000),
+       (2, 0, 4096, 8192), (3, 0, 0, 0), (0, 0x43, 7000, 20000),
+       (4, 0, 0, 40000), (1, 2, 300, 100)]
+out = b"".join(bytes([k, f]) + o.to_bytes(4, "big") + l.to_bytes(4, "big")[2:] for k, f, o, l in ops)
+sys.stdout.buffer.write(out)' > corpus-write/$n
+      cat "$img" >> corpus-write/$n
     done
   done
 done
