@@ -52,7 +52,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   static uint8_t *buf;
   struct memfile file;
   struct qcow2_io io = { .opaque = &file, .pread = mem_pread, .size = mem_size };
-  struct qcow2_options opts;
+  struct qcow2_options opts = { 0 };
   struct qcow2_image *img;
   struct qcow2_reader *reader;
   const uint8_t *params = data;
