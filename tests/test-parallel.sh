@@ -98,7 +98,7 @@ EOF
     # Every connection has closed, so the image was closed and logged its
     # counters: the small caches must have evicted, and reads of parts of
     # clusters must have hit the cluster cache.
-    stats=$(grep -o 'stats: .*' "$PWD/s-$comp.log" | tail -1)
+    stats=$(grep -o 'stats for export .*' "$PWD/s-$comp.log" | tail -1)
     [ -n "$stats" ] || fail "$comp: no statistics line in the log"
     echo "$comp: $stats"
     evictions=$(sed -E 's/.*cluster cache ([0-9]+) hits ([0-9]+) misses ([0-9]+) evictions.*/\3/' <<<"$stats")

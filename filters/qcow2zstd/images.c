@@ -1,0 +1,231 @@
+/* nbdkit-qcow2zstd-filter: the images being served, one per export.
+ *
+ * Connections to the same export share one engine image, so that they
+ * share its caches and its metadata: writes from one are seen by the
+ * others, and a flush through any of them writes everyone's changes.
+ * The image opens with the export's first connection and closes (after a
+ * final flush) with its last.
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <inttypes.h>
+#include <string.h>
+
+#include "qcow2zstd.h"
+
+struct shared_image {
+  struct shared_image *next;
+  char *exportname;
+  struct qcow2_image *engine;
+  unsigned users;
+};
+
+static pthread_mutex_t images_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct shared_image *images;
+
+/* Exports already formatted by qcow2-create in this run. */
+static struct created { struct created *next; char *exportname; } *created;
+
+static void
+log_error (void *opaque, const char *msg)
+{
+  nbdkit_error ("qcow2zstd: %s", msg);
+}
+
+static void
+log_debug (void *opaque, const char *msg)
+{
+  if (qcow2zstd_debug_image)
+    nbdkit_debug ("qcow2zstd: %s", msg);
+}
+
+static const struct qcow2_log engine_log = {
+  .error = log_error,
+  .debug = log_debug,
+};
+
+int
+next_pread (void *opaque, void *buf, size_t count, uint64_t offset)
+{
+  nbdkit_next *next = opaque;
+  int err = 0;
+
+  while (count > 0) {
+    /* Requests to a plugin are 32-bit sized. */
+    uint32_t n = count > (UINT32_C (1) << 30) ? UINT32_C (1) << 30 : count;
+    if (next->pread (next, buf, n, offset, 0, &err) == -1)
+      return -(err ? err : EIO);
+    buf = (char *) buf + n;
+    offset += n;
+    count -= n;
+  }
+  return 0;
+}
+
+int
+next_pwrite (void *opaque, const void *buf, size_t count, uint64_t offset)
+{
+  nbdkit_next *next = opaque;
+  int err = 0;
+
+  while (count > 0) {
+    uint32_t n = count > (UINT32_C (1) << 30) ? UINT32_C (1) << 30 : count;
+    if (next->pwrite (next, buf, n, offset, 0, &err) == -1)
+      return -(err ? err : EIO);
+    buf = (const char *) buf + n;
+    offset += n;
+    count -= n;
+  }
+  return 0;
+}
+
+int
+next_flush (void *opaque)
+{
+  nbdkit_next *next = opaque;
+  int err = 0;
+
+  if (next->flush (next, 0, &err) == -1)
+    return -(err ? err : EIO);
+  return 0;
+}
+
+int64_t
+next_size (void *opaque)
+{
+  nbdkit_next *next = opaque;
+  int64_t size = next->get_size (next);
+
+  return size < 0 ? -EIO : size;
+}
+
+static bool
+was_created (const char *exportname)
+{
+  struct created *c;
+
+  for (c = created; c; c = c->next)
+    if (strcmp (c->exportname, exportname) == 0)
+      return true;
+  return false;
+}
+
+static int
+open_engine (nbdkit_next *next, const char *exportname, bool writable,
+             struct qcow2_image **engine)
+{
+  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_options opts = filter_options;
+  struct created *c;
+  int r;
+
+  opts.writable = writable;
+  if (!create_requested || was_created (exportname))
+    return qcow2_image_open (&io, &engine_log, &opts, engine);
+
+  if (!writable) {
+    nbdkit_error ("qcow2-create: cannot create an image on a read-only "
+                  "connection or plugin");
+    return -EROFS;
+  }
+  c = calloc (1, sizeof *c);
+  if (c == NULL || (c->exportname = strdup (exportname)) == NULL) {
+    free (c);
+    nbdkit_error ("qcow2zstd: out of memory");
+    return -ENOMEM;
+  }
+  r = qcow2_create (&io, &engine_log, &create_options, &opts, engine);
+  if (r < 0) {
+    free (c->exportname);
+    free (c);
+    return r;
+  }
+  c->next = created;
+  created = c;
+  return 0;
+}
+
+struct shared_image *
+images_acquire (nbdkit_next *next, const char *exportname, bool writable)
+{
+  struct shared_image *s;
+
+  pthread_mutex_lock (&images_lock);
+  for (s = images; s; s = s->next)
+    if (strcmp (s->exportname, exportname) == 0)
+      break;
+  if (s == NULL) {
+    s = calloc (1, sizeof *s);
+    if (s == NULL || (s->exportname = strdup (exportname)) == NULL) {
+      nbdkit_error ("qcow2zstd: out of memory");
+      free (s);
+      s = NULL;
+    }
+    else if (open_engine (next, exportname, writable, &s->engine) < 0) {
+      free (s->exportname);
+      free (s);
+      s = NULL;
+    }
+    else {
+      s->next = images;
+      images = s;
+    }
+  }
+  if (s)
+    s->users++;
+  pthread_mutex_unlock (&images_lock);
+  return s;
+}
+
+static void
+log_stats (struct qcow2_image *img, const char *exportname)
+{
+  struct qcow2_stats s;
+
+  if (!qcow2zstd_debug_stats)
+    return;
+  qcow2_image_get_stats (img, &s);
+  nbdkit_debug ("qcow2zstd: stats for export '%s': %" PRIu64 " clusters "
+                "decompressed, cluster cache %" PRIu64 " hits %" PRIu64
+                " misses %" PRIu64 " evictions, L2 cache %" PRIu64 " hits %"
+                PRIu64 " misses %" PRIu64 " evictions, %" PRIu64 " bytes in %"
+                PRIu64 " reads underneath", exportname,
+                s.clusters_decompressed,
+                s.cluster_cache_hits, s.cluster_cache_misses,
+                s.cluster_cache_evictions,
+                s.l2_cache_hits, s.l2_cache_misses, s.l2_cache_evictions,
+                s.bytes_read_underneath, s.reads_underneath);
+}
+
+void
+images_release (struct shared_image *shared, nbdkit_next *next)
+{
+  struct shared_image **link;
+
+  pthread_mutex_lock (&images_lock);
+  if (--shared->users == 0) {
+    if (next) {
+      struct qcow2_io io = IO_FOR (next);
+      /* Errors were logged; what is on disk is consistent either way. */
+      qcow2_flush (shared->engine, &io);
+    }
+    log_stats (shared->engine, shared->exportname);
+    qcow2_image_close (shared->engine);
+    for (link = &images; *link != shared; link = &(*link)->next)
+      ;
+    *link = shared->next;
+    free (shared->exportname);
+    free (shared);
+  }
+  pthread_mutex_unlock (&images_lock);
+}
+
+struct qcow2_image *
+images_engine (struct shared_image *shared)
+{
+  return shared->engine;
+}

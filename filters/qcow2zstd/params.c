@@ -1,0 +1,203 @@
+/* nbdkit-qcow2zstd-filter: parameters. */
+
+#include <config.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "qcow2zstd.h"
+#include "qcow2-codec.h"
+
+struct qcow2_options filter_options = {
+  .threads = 0,                 /* set in params_complete */
+  .request_size = QCOW2_DEFAULT_REQUEST_SIZE,
+  .l2_cache_size = QCOW2_DEFAULT_L2_CACHE_SIZE,
+  .cluster_cache_size = QCOW2_DEFAULT_CLUSTER_CACHE_SIZE,
+};
+bool create_requested;
+struct qcow2_create_options create_options = {
+  .cluster_bits = 16,
+  .compression_type = QCOW2_COMPRESSION_ZSTD,
+};
+
+static unsigned threads_param;  /* 0: not given */
+static int compress_param = -1; /* -1: not given */
+static bool create_details_given;
+
+/* nbdkit 1.32 gives filters no way to add --dump-plugin lines, so the
+ * filter prints its own when it sees that option on the command line.
+ */
+void
+params_dump_if_asked (void)
+{
+  char args[8192];
+  FILE *fp = fopen ("/proc/self/cmdline", "r");
+  size_t len, i;
+  char versions[128];
+
+  if (fp == NULL)
+    return;
+  len = fread (args, 1, sizeof args - 1, fp);
+  fclose (fp);
+  args[len] = '\0';
+  for (i = 0; i < len; i += strlen (args + i) + 1) {
+    if (strcmp (args + i, "--dump-plugin") == 0) {
+      qcow2_codec_versions (versions, sizeof versions);
+      printf ("qcow2zstd_codecs=zlib,zstd\n");
+      printf ("qcow2zstd_codec_versions=%s\n", versions);
+#ifdef HAVE_LIBDEFLATE
+      printf ("qcow2zstd_deflate_decoder=libdeflate\n");
+#else
+      printf ("qcow2zstd_deflate_decoder=zlib\n");
+#endif
+      fflush (stdout);
+      return;
+    }
+  }
+}
+
+static uint64_t
+physical_memory (void)
+{
+  long pages = sysconf (_SC_PHYS_PAGES), page_size = sysconf (_SC_PAGESIZE);
+
+  if (pages <= 0 || page_size <= 0)
+    return UINT64_C (1) << 40;
+  return (uint64_t) pages * page_size;
+}
+
+static int
+parse_size_param (const char *key, const char *value, uint64_t min,
+                  uint64_t max, uint64_t *out)
+{
+  int64_t size = nbdkit_parse_size (value);
+
+  if (size == -1) {
+    nbdkit_error ("%s: cannot parse '%s' as a size", key, value);
+    return -1;
+  }
+  if ((uint64_t) size < min || (uint64_t) size > max) {
+    nbdkit_error ("%s: %s is out of range (%" PRIu64 " to %" PRIu64 ")",
+                  key, value, min, max);
+    return -1;
+  }
+  *out = size;
+  return 0;
+}
+
+int
+params_config (const char *key, const char *value)
+{
+  if (strcmp (key, "qcow2-threads") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &threads_param) == -1)
+      return -1;
+    if (threads_param < 1 || threads_param > 256) {
+      nbdkit_error ("qcow2-threads: %s is out of range (1 to 256)", value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "qcow2-request-size") == 0)
+    return parse_size_param (key, value, QCOW2_MIN_REQUEST_SIZE,
+                             QCOW2_MAX_REQUEST_SIZE, &filter_options.request_size);
+  /* The caches reserve their memory when the image opens, so they may
+   * not exceed the machine's memory.
+   */
+  if (strcmp (key, "qcow2-l2-cache-size") == 0)
+    return parse_size_param (key, value, 0, physical_memory (),
+                             &filter_options.l2_cache_size);
+  if (strcmp (key, "qcow2-cluster-cache-size") == 0)
+    return parse_size_param (key, value, 0, physical_memory (),
+                             &filter_options.cluster_cache_size);
+  if (strcmp (key, "qcow2-create") == 0) {
+    create_requested = true;
+    if (parse_size_param (key, value, 0, INT64_MAX / 2,
+                          &create_options.virtual_size) == -1)
+      return -1;
+    /* qemu sees a disk in whole 512-byte sectors (it would drop a partial
+     * last one), so round up as qemu-img create does.
+     */
+    create_options.virtual_size = (create_options.virtual_size + 511) & ~UINT64_C (511);
+    return 0;
+  }
+  if (strcmp (key, "qcow2-cluster-size") == 0) {
+    uint64_t size;
+    if (parse_size_param (key, value, 512, 2 << 20, &size) == -1)
+      return -1;
+    if (size & (size - 1)) {
+      nbdkit_error ("%s: %s is not a power of 2", key, value);
+      return -1;
+    }
+    create_options.cluster_bits = __builtin_ctzll (size);
+    create_details_given = true;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-compression-type") == 0) {
+    if (strcmp (value, "zstd") == 0)
+      create_options.compression_type = QCOW2_COMPRESSION_ZSTD;
+    else if (strcmp (value, "zlib") == 0)
+      create_options.compression_type = QCOW2_COMPRESSION_ZLIB;
+    else {
+      nbdkit_error ("%s: unknown compression type '%s' (zlib or zstd)",
+                    key, value);
+      return -1;
+    }
+    create_details_given = true;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-compress") == 0) {
+    compress_param = nbdkit_parse_bool (value);
+    if (compress_param == -1) {
+      nbdkit_error ("%s: '%s' is not a boolean", key, value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "qcow2-compression-level") == 0) {
+    if (nbdkit_parse_int (key, value, &filter_options.compression_level) == -1)
+      return -1;
+    /* The codec's own range is checked when the image's type is known. */
+    if (filter_options.compression_level < 1 || filter_options.compression_level > 22) {
+      nbdkit_error ("%s: %s is out of range (zlib 1 to 9, zstd 1 to 22)",
+                    key, value);
+      return -1;
+    }
+    return 0;
+  }
+  return 1;
+}
+
+int
+params_complete (void)
+{
+  unsigned threads = threads_param;
+
+  if (threads == 0) {
+    long cpus = sysconf (_SC_NPROCESSORS_ONLN);
+    threads = cpus > 0 ? (cpus > 256 ? 256 : cpus) : 1;
+  }
+  /* The thread that calls pread decodes too, so N threads means N-1
+   * workers in the pool.
+   */
+  filter_options.threads = threads - 1;
+
+  if (create_details_given && !create_requested) {
+    nbdkit_error ("qcow2-cluster-size and qcow2-compression-type only "
+                  "apply with qcow2-create=SIZE");
+    return -1;
+  }
+  if (create_requested) {
+    char err[256];
+    if (qcow2_create_validate (&create_options, err, sizeof err) == -1) {
+      nbdkit_error ("%s", err);
+      return -1;
+    }
+  }
+  /* Compression is what creating an image is for; an existing image is
+   * written the way qemu writes it unless asked.
+   */
+  filter_options.compress = compress_param == -1 ? create_requested : compress_param;
+  return 0;
+}
