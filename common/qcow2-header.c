@@ -205,8 +205,10 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
                    "backing_file_size: %u is larger than 1023",
                    h->backing_file_size);
     if (h->backing_file_offset < h->header_length ||
-        h->backing_file_offset + h->backing_file_size > cluster_size ||
-        h->backing_file_offset + h->backing_file_size > len)
+        h->backing_file_offset >= cluster_size ||
+        h->backing_file_offset >= len ||
+        h->backing_file_size > cluster_size - h->backing_file_offset ||
+        h->backing_file_size > len - h->backing_file_offset)
       return fail (errbuf, errlen,
                    "backing_file_offset: the backing file name "
                    "(0x%" PRIx64 ", %u bytes) lies outside the header cluster",

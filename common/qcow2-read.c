@@ -494,17 +494,19 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
                           dst, hi - lo);
         break;
       case CLUSTER_COMPRESSED:
-        /* A whole cluster is decoded straight into the caller's buffer;
-         * a part of one is served from, or goes into, the cluster cache.
+        /* Served from the cluster cache if it is there (prefetched, or
+         * read in parts before).  Otherwise a whole cluster is decoded
+         * straight into the caller's buffer, and a part of one goes
+         * through the cache, for the reads of its other parts.
          */
+        if (qcow2_cache_get (img->cluster_cache, map.l2_entry, lo - cstart,
+                             dst, dst ? hi - lo : 0))
+          break;
         if (dst && hi - lo == cluster_size) {
           r = add_compressed (reader, req, io, &map, cstart, dst,
                               0, cluster_size);
           break;
         }
-        if (qcow2_cache_get (img->cluster_cache, map.l2_entry, lo - cstart,
-                             dst, dst ? hi - lo : 0))
-          break;
         r = add_compressed (reader, req, io, &map, cstart, dst,
                             lo - cstart, hi - lo);
         break;
@@ -565,14 +567,16 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
     return -ENOMEM;
   pthread_rwlock_rdlock (&img->lock);
 
-  while (pos < end && r == 0) {
+  int fn_error = 0;
+
+  while (pos < end && r == 0 && fn_error == 0) {
     uint64_t first = pos >> bits;
     uint64_t last = (end - 1) >> bits;
     size_t n = last - first + 1 < ENTRY_BATCH ? last - first + 1 : ENTRY_BATCH;
     size_t i;
 
     r = qcow2_l2_entries (img, io, first, &n, entries, req->l2buf);
-    for (i = 0; i < n && r == 0; ++i) {
+    for (i = 0; i < n && r == 0 && fn_error == 0; ++i) {
       uint64_t cend = (first + i + 1) << bits;
       uint64_t hi = end < cend ? end : cend;
       struct cluster_map map;
@@ -585,21 +589,21 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
       if (pos == offset)
         run_zero = zero;
       else if (zero != run_zero) {
-        r = fn (opaque, run_start, pos - run_start, run_zero);
+        fn_error = fn (opaque, run_start, pos - run_start, run_zero);
         run_start = pos;
         run_zero = zero;
       }
       pos = hi;
     }
   }
+  if (fn_error)
+    r = fn_error;
   /* If a later entry is bad, still answer with the ranges before it, so
    * that a client makes progress up to the bad cluster; the next request
    * starts there and gets the error.
    */
-  if (pos > run_start) {
-    int r2 = fn (opaque, run_start, pos - run_start, run_zero);
-    r = r2;
-  }
+  else if (pos > run_start)
+    r = fn (opaque, run_start, pos - run_start, run_zero);
   pthread_rwlock_unlock (&img->lock);
   qcow2_request_put (reader, req);
   return r;
