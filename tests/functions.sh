@@ -47,6 +47,17 @@ if [ "${SANITIZERS:-no}" = yes ]; then
         "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 fi
 
+# VALGRIND=1 (make check-valgrind) runs every server under valgrind; a
+# server that valgrind found an invalid access or a leak in exits 99,
+# which stop_server turns into a test failure.
+if [ "${VALGRIND:-0}" = 1 ]; then
+    requires valgrind
+    NBDKIT_ENV=(valgrind --quiet --error-exitcode=99 --leak-check=full
+                --errors-for-leak-kinds=definite --show-leak-kinds=definite
+                --trace-children=no --child-silent-after-fork=yes
+                "--suppressions=$top_srcdir/tests/valgrind.supp")
+fi
+
 TMPDIR_TEST=$(mktemp -d "${TMPDIR:-/tmp}/qcow2zstd-test.XXXXXX")
 _pids=()
 
@@ -88,9 +99,11 @@ start_server ()
         2>"$sock.log" &
     local bgpid=$!
     _pids+=("$bgpid")
-    for _ in $(seq 300); do
+    SERVER_JOB=$bgpid
+    for _ in $(seq 600); do
         if [ -s "$pidfile" ] && [ -S "$sock" ]; then
             SERVER_PID=$(cat "$pidfile")
+            SERVER_LOG="$sock.log"
             return 0
         fi
         if ! kill -0 "$bgpid" 2>/dev/null; then
@@ -100,7 +113,7 @@ start_server ()
         fi
         sleep 0.1
     done
-    echo "nbdkit did not start within 30 s" >&2
+    echo "nbdkit did not start within 60 s" >&2
     cat "$sock.log" >&2
     return 1
 }
@@ -110,11 +123,13 @@ stop_server ()
 {
     if [ -n "${SERVER_PID:-}" ]; then
         kill "$SERVER_PID" 2>/dev/null || true
-        for _ in $(seq 100); do
-            kill -0 "$SERVER_PID" 2>/dev/null || break
-            sleep 0.1
-        done
+        local status=0
+        wait "$SERVER_JOB" 2>/dev/null || status=$?
         SERVER_PID=
+        if [ "$status" = 99 ]; then
+            cat "$SERVER_LOG" >&2
+            fail "valgrind found errors in the server (see above)"
+        fi
     fi
 }
 
