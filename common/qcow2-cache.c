@@ -3,6 +3,7 @@
 #include <config.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,16 +175,43 @@ qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
   return true;
 }
 
+static void put_locked (struct qcow2_cache *cache, struct shard *s,
+                        uint64_t key, uint64_t hash, const void *src);
+
 void
 qcow2_cache_put (struct qcow2_cache *cache, uint64_t key, const void *src)
 {
   uint64_t hash;
   struct shard *s = shard_of (cache, key, &hash);
-  uint32_t pos, slot;
 
   if (s->nslots == 0)
     return;
   pthread_mutex_lock (&s->lock);
+  put_locked (cache, s, key, hash, src);
+  pthread_mutex_unlock (&s->lock);
+}
+
+void
+qcow2_cache_put_if (struct qcow2_cache *cache, uint64_t key, const void *src,
+                    const _Atomic uint64_t *generation, uint64_t expected)
+{
+  uint64_t hash;
+  struct shard *s = shard_of (cache, key, &hash);
+
+  if (s->nslots == 0)
+    return;
+  pthread_mutex_lock (&s->lock);
+  if (atomic_load (generation) == expected)
+    put_locked (cache, s, key, hash, src);
+  pthread_mutex_unlock (&s->lock);
+}
+
+static void
+put_locked (struct qcow2_cache *cache, struct shard *s,
+            uint64_t key, uint64_t hash, const void *src)
+{
+  uint32_t pos, slot;
+
   pos = find (s, key, hash);
   slot = s->table[pos];
   if (slot == EMPTY) {
@@ -205,7 +233,6 @@ qcow2_cache_put (struct qcow2_cache *cache, uint64_t key, const void *src)
   }
   s->referenced[slot] = 0;
   memcpy (s->data + (size_t) slot * cache->slot_size, src, cache->slot_size);
-  pthread_mutex_unlock (&s->lock);
 }
 
 void

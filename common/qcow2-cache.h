@@ -42,6 +42,14 @@ bool qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
 void qcow2_cache_put (struct qcow2_cache *cache, uint64_t key,
                       const void *src);
 
+/* Like qcow2_cache_put, but only if *GENERATION still equals EXPECTED,
+ * checked under the shard's lock.  A writer that bumps the generation
+ * and then drops a key cannot be overtaken: the drop waits for the lock.
+ */
+void qcow2_cache_put_if (struct qcow2_cache *cache, uint64_t key,
+                         const void *src, const _Atomic uint64_t *generation,
+                         uint64_t expected);
+
 /* Forget KEY if it is cached. */
 void qcow2_cache_drop (struct qcow2_cache *cache, uint64_t key);
 

@@ -83,6 +83,11 @@ struct qcow2_image {
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
 
+  /* Bumped before released clusters' cache entries are dropped, so that
+   * a decode started before the release cannot put them back.
+   */
+  _Atomic uint64_t free_generation;
+
   _Atomic uint64_t clusters_decompressed;
   _Atomic uint64_t bytes_read_underneath;
   _Atomic uint64_t reads_underneath;

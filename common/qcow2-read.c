@@ -61,6 +61,8 @@ struct chunk {
   size_t njobs;
   uint64_t host_start, host_end;
   bool in_flight;
+  bool readahead;               /* nobody waits: results only go to the cache */
+  uint64_t generation;          /* img->free_generation when it was read */
   _Atomic int failed;
   char errmsg[400];
 };
@@ -88,6 +90,13 @@ struct qcow2_reader {
   pthread_mutex_t lock;
   struct request *free_list;
   struct compress_ctx *compress_free;
+
+  /* Sequential small reads: decode the next clusters ahead of the client
+   * into the cluster cache, in the pool, while the client works.
+   */
+  _Atomic uint64_t last_end;
+  pthread_mutex_t ra_lock;
+  struct chunk *ra;
 };
 
 void *
@@ -146,7 +155,14 @@ decode_one (struct chunk *c, struct job *j, struct thread_state *ts)
   if (j->whole_dst == NULL) {
     if (j->part_len)
       memcpy (j->part_dst, out + j->part_off, j->part_len);
-    qcow2_cache_put (img->cluster_cache, j->key, out);
+    /* A readahead runs without the image lock: the clusters may have
+     * been released since it read them.
+     */
+    if (c->readahead)
+      qcow2_cache_put_if (img->cluster_cache, j->key, out,
+                          &img->free_generation, c->generation);
+    else
+      qcow2_cache_put (img->cluster_cache, j->key, out);
   }
 }
 
@@ -266,6 +282,7 @@ qcow2_reader_new (struct qcow2_image *img)
   }
   reader->img = img;
   pthread_mutex_init (&reader->lock, NULL);
+  pthread_mutex_init (&reader->ra_lock, NULL);
   /* A staging buffer holds at least the largest compressed range one
    * descriptor can name: 2^(cluster_bits-8) sectors of 512 bytes.
    */
@@ -290,6 +307,18 @@ qcow2_reader_free (struct qcow2_reader *reader)
 
   if (reader == NULL)
     return;
+  if (reader->ra) {
+    if (reader->ra->in_flight) {
+      req = qcow2_request_get (reader);
+      qcow2_pool_wait (reader->pool, &reader->ra->batch,
+                       req ? &req->caller : NULL);
+      if (req)
+        qcow2_request_put (reader, req);
+    }
+    free (reader->ra->staging);
+    free (reader->ra);
+  }
+  pthread_mutex_destroy (&reader->ra_lock);
   qcow2_pool_free (reader->pool);
   qcow2_compress_ctx_free_all (reader);
   while ((req = reader->free_list) != NULL) {
@@ -433,6 +462,101 @@ add_normal (struct qcow2_reader *reader, struct request *req,
   return r;
 }
 
+/* Guest bytes decoded ahead of a sequential reader. */
+#define READAHEAD_BYTES (256 * 1024)
+
+/* Start decoding the compressed clusters from guest cluster FIRST on
+ * (READAHEAD_BYTES' worth) that are not cached yet, without waiting for
+ * them.  Called with the image lock held (shared), so the L2 entries and
+ * the compressed bytes it reads are consistent; the decoding itself may
+ * finish after the lock is gone, hence the generation check on the way
+ * into the cache.
+ */
+static void
+readahead (struct qcow2_reader *reader, struct request *req,
+           struct qcow2_io *io, uint64_t first)
+{
+  struct qcow2_image *img = reader->img;
+  const uint32_t bits = img->header.cluster_bits;
+  uint64_t last_cluster = (img->header.virtual_size - 1) >> bits;
+  uint64_t entries[ENTRY_BATCH];
+  size_t n = READAHEAD_BYTES >> bits, i;
+  struct chunk *c;
+
+  if (img->header.virtual_size == 0 || first > last_cluster ||
+      pthread_mutex_trylock (&reader->ra_lock) != 0)
+    return;
+  if (reader->ra == NULL) {
+    reader->ra = calloc (1, sizeof *reader->ra);
+    if (reader->ra &&
+        (reader->ra->staging = malloc (reader->staging_size)) == NULL) {
+      free (reader->ra);
+      reader->ra = NULL;
+    }
+    if (reader->ra == NULL)
+      goto out;
+    reader->ra->img = img;
+  }
+  c = reader->ra;
+  if (c->in_flight) {
+    qcow2_pool_wait (reader->pool, &c->batch, &req->caller);
+    c->in_flight = false;
+  }
+  c->njobs = 0;
+
+  if (n == 0)
+    n = 1;
+  if (n > ENTRY_BATCH)
+    n = ENTRY_BATCH;
+  if (n > last_cluster - first + 1)
+    n = last_cluster - first + 1;
+  if (qcow2_l2_entries (img, io, first, &n, entries, req->l2buf) < 0)
+    goto out;
+  for (i = 0; i < n && c->njobs < MAX_CHUNK_CLUSTERS; ++i) {
+    struct cluster_map map;
+    struct job *j;
+
+    if (qcow2_classify (img, first + i, entries[i], &map) < 0)
+      break;
+    if (map.kind != CLUSTER_COMPRESSED ||
+        qcow2_cache_get (img->cluster_cache, map.l2_entry, 0, NULL, 0))
+      continue;
+    if (c->njobs == 0) {
+      c->host_start = map.host_offset;
+      c->host_end = map.host_offset + map.compressed_len;
+    }
+    else if (map.host_offset < c->host_start ||
+             map.host_offset > c->host_end + MAX_CHUNK_GAP ||
+             map.host_offset + map.compressed_len - c->host_start >
+             reader->staging_size)
+      break;                    /* only what one read underneath fetches */
+    else if (map.host_offset + map.compressed_len > c->host_end)
+      c->host_end = map.host_offset + map.compressed_len;
+    j = &c->jobs[c->njobs++];
+    j->in_off = map.host_offset - c->host_start;
+    j->in_len = map.compressed_len;
+    j->whole_dst = j->part_dst = NULL;
+    j->part_off = j->part_len = 0;
+    j->key = map.l2_entry;
+    j->guest_offset = (first + i) << bits;
+  }
+  if (c->njobs == 0 ||
+      qcow2_pread_clamped (img, io, c->staging, c->host_end - c->host_start,
+                           c->host_start) < 0)
+    goto out;
+  atomic_store (&c->failed, 0);
+  c->readahead = true;
+  c->generation = atomic_load (&img->free_generation);
+  c->clusters_per_job = 1;
+  c->batch.run = run_job;
+  c->batch.arg = c;
+  c->batch.count = c->njobs;
+  c->in_flight = true;
+  qcow2_pool_submit (reader->pool, &c->batch);
+ out:
+  pthread_mutex_unlock (&reader->ra_lock);
+}
+
 /* The read path; with BUF NULL it only fills the cluster cache with the
  * compressed clusters of the range that are not in it yet.
  */
@@ -520,6 +644,15 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
     r = r2;
   if (r == 0)
     r = chunk_flush (reader, req, io);
+  /* A small read that continues the previous one and enters a new
+   * cluster: keep the next clusters decoding ahead of the client.
+   */
+  if (r == 0 && buf && count < READAHEAD_BYTES &&
+      qcow2_pool_threads (reader->pool) > 0 &&
+      atomic_load (&reader->last_end) == offset &&
+      (offset & (cluster_size - 1)) < count)
+    readahead (reader, req, io, ((end - 1) >> bits) + 1);
+  atomic_store (&reader->last_end, end);
   /* Whatever happened, no chunk may still be in the pool's hands. */
   r2 = chunk_finish (reader, req, &req->chunk[0]);
   if (r == 0)

@@ -554,6 +554,8 @@ qcow2_refcount_apply_frees (struct qcow2_image *img, struct qcow2_io *io)
   size_t i;
   int r;
 
+  if (rc->npending)
+    atomic_fetch_add (&img->free_generation, 1);
   for (i = 0; i < rc->npending; ++i) {
     struct pending_free *p = &rc->pending[i];
     uint64_t c;

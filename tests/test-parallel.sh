@@ -109,7 +109,25 @@ EOF
     [ "$l2_evictions" -gt 0 ] || fail "$comp: the L2 cache never evicted"
 done
 
-# 3. The same image served with every pool size and cache setting reads
+# 3. Sequential 4 KiB reads, one at a time, as a filesystem or fio at
+# queue depth 1 makes them: the readahead decodes the next clusters into
+# the cache while the client works.  Every byte must still be right.
+start_server "$PWD/s-seq" -r -v -D qcow2zstd.stats=1 file disk-zstd.qcow2 qcow2-threads=2
+nbdsh -u "$(nbd_uri "$PWD/s-seq")" -c - <<'EOF'
+data = open("disk.raw", "rb").read()
+size = h.get_size()
+for off in range(0, size, 4096):
+    n = min(4096, size - off)
+    if h.pread(n, off) != data[off:off + n]:
+        raise SystemExit(f"sequential read at {off} differs")
+EOF
+stop_server
+stats=$(grep -o 'stats for export .*' "$PWD/s-seq.log" | tail -1)
+hits=$(sed -E 's/.*cluster cache ([0-9]+) hits.*/\1/' <<<"$stats")
+[ "$hits" -gt 0 ] || fail "sequential reads never hit the cluster cache"
+echo "sequential 4 KiB reads of the whole disk: identical ($stats)"
+
+# 4. The same image served with every pool size and cache setting reads
 # the same.
 for args in "qcow2-threads=1" "qcow2-threads=2 qcow2-cluster-cache-size=0" \
             "qcow2-threads=8 qcow2-request-size=4K" \
