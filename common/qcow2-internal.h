@@ -48,6 +48,7 @@ struct refcounts {
   uint64_t max_refcount;
   uint64_t host_clusters;     /* clusters that fit in the file */
   uint64_t free_hint;         /* no free cluster below this index */
+  bool no_reclaim;            /* allocation may not write metadata back */
   struct pending_free *pending;
   size_t npending, pending_cap;
 };
@@ -198,6 +199,12 @@ int qcow2_free_later (struct qcow2_image *img, uint64_t offset,
 int qcow2_refcount_writeback (struct qcow2_image *img, struct qcow2_io *io);
 /* Apply the queued releases to the refcounts in memory. */
 int qcow2_refcount_apply_frees (struct qcow2_image *img, struct qcow2_io *io);
+
+/* qcow2-write.c: the metadata writeback, without the final flush and
+ * keeping the L2 tables in memory (a caller may hold one), so that
+ * released clusters can be reused.  Image lock held exclusively.
+ */
+int qcow2_writeback_for_room (struct qcow2_image *img, struct qcow2_io *io);
 
 /* Write [OFFSET, OFFSET+LEN) of the image underneath, with a message on
  * failure.

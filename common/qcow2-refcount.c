@@ -397,14 +397,26 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t first, i;
   int r;
 
+  bool reclaimed = false;
+
   for (;;) {
     bool still_free = true;
 
     r = find_free (img, io, rc->free_hint, count, &first);
     if (r < 0)
       return r;
-    if (first == UINT64_MAX)
-      return no_room (img, count);
+    if (first == UINT64_MAX) {
+      /* Released clusters wait for a metadata writeback before they may
+       * be reused.  Out of room, do that writeback now rather than fail.
+       */
+      if (reclaimed || rc->npending == 0 || rc->no_reclaim)
+        return no_room (img, count);
+      reclaimed = true;
+      r = qcow2_writeback_for_room (img, io);
+      if (r < 0)
+        return r;
+      continue;
+    }
 
     /* Make the refcount blocks first: making one takes a cluster, maybe
      * one of the run just found, and then the search starts again.
@@ -511,7 +523,12 @@ grow_table (struct qcow2_image *img, struct qcow2_io *io, uint64_t min_entries)
   rc->table = table;
   rc->table_entries = entries;
 
+  /* The table in memory is already larger than its clusters on disk: no
+   * writeback may run until it has its new place.
+   */
+  rc->no_reclaim = true;
   r = qcow2_alloc_clusters (img, io, clusters, &new_offset);
+  rc->no_reclaim = false;
   if (r < 0)
     return r;
   rc->table_offset = new_offset;

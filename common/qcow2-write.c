@@ -388,7 +388,10 @@ pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
   if (cur) {
     uint64_t cluster_end = ((cur - 1) | (cluster_size - 1)) + 1;
     if (cur + len > cluster_end) {
+      /* No writeback here: it could release the cluster CUR is in. */
+      img->rc.no_reclaim = true;
       r = qcow2_alloc_cluster_at (img, io, cluster_end >> bits);
+      img->rc.no_reclaim = false;
       if (r == -EBUSY)
         cur = 0;
       else if (r < 0)
@@ -494,7 +497,7 @@ flush_compress_batch (struct qcow2_reader *reader, struct qcow2_io *io,
 {
   struct qcow2_image *img = ctx->img;
   size_t i;
-  int r;
+  int pass, r;
 
   if (ctx->count == 0)
     return 0;
@@ -502,10 +505,16 @@ flush_compress_batch (struct qcow2_reader *reader, struct qcow2_io *io,
   if (r < 0)
     return r;
   pthread_rwlock_wrlock (&img->lock);
-  for (i = 0; i < ctx->count && r == 0; ++i)
-    r = place_cluster (img, io, first_gc + i, ctx->result[i],
-                       ctx->out + i * (size_t) img->header.cluster_size,
-                       ctx->src[i], ctx->src_len[i]);
+  /* Compressed clusters first, plain ones after: a plain cluster placed
+   * in between would take the host cluster that the packed data was to
+   * run on into, and leave the rest of the current one unused.
+   */
+  for (pass = 0; pass < 2; ++pass)
+    for (i = 0; i < ctx->count && r == 0; ++i)
+      if ((ctx->result[i] == 0) == (pass == 1))
+        r = place_cluster (img, io, first_gc + i, ctx->result[i],
+                           ctx->out + i * (size_t) img->header.cluster_size,
+                           ctx->src[i], ctx->src_len[i]);
   if (r == 0 && too_much_dirty (img))
     r = flush_locked (img, io, false);
   pthread_rwlock_unlock (&img->lock);
@@ -737,9 +746,28 @@ write_l1 (struct qcow2_image *img, struct qcow2_io *io)
   return 0;
 }
 
+static int writeback (struct qcow2_image *img, struct qcow2_io *io,
+                      bool flush_underneath, bool retire);
+
 static int
 flush_locked (struct qcow2_image *img, struct qcow2_io *io,
               bool flush_underneath)
+{
+  return writeback (img, io, flush_underneath, true);
+}
+
+int
+qcow2_writeback_for_room (struct qcow2_image *img, struct qcow2_io *io)
+{
+  return writeback (img, io, false, false);
+}
+
+/* RETIRE: move written L2 tables to the read cache (freeing them); not
+ * while a caller may be holding one.
+ */
+static int
+writeback (struct qcow2_image *img, struct qcow2_io *io,
+           bool flush_underneath, bool retire)
 {
   struct l2_writeback ctx = { .img = img, .io = io };
   bool l2_dirty = img->dirty_l2.count > 0;
@@ -758,7 +786,8 @@ flush_locked (struct qcow2_image *img, struct qcow2_io *io,
     r = tablemap_each (&img->dirty_l2, write_l2, &ctx);
     if (r < 0)
       return r;
-    retire_l2 (img);
+    if (retire)
+      retire_l2 (img);
     if (img->l1_any_dirty) {
       r = qcow2_flush_logged (img, io);
       if (r == 0)
