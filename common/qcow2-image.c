@@ -165,6 +165,19 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
   return 0;
 }
 
+/* Everything qcow2_header_check_features refuses but a backing file,
+ * which the engine opens itself.
+ */
+static int
+check_features_but_backing (const struct qcow2_header *h, char *err,
+                            size_t errlen)
+{
+  struct qcow2_header without = *h;
+
+  without.backing_file_offset = 0;
+  return qcow2_header_check_features (&without, err, errlen);
+}
+
 int
 qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
                   const struct qcow2_options *opts,
@@ -211,11 +224,21 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
 
   if (qcow2_header_parse (first, first_len, img->file_size, &img->header,
                           err, sizeof err) == -1 ||
-      qcow2_header_check_features (&img->header, err, sizeof err) == -1 ||
+      check_features_but_backing (&img->header, err, sizeof err) == -1 ||
       qcow2_header_walk_extensions (first, first_len, &img->header,
                                     log_extension, img,
                                     err, sizeof err) == -1) {
     qcow2_error (img, "invalid or unsupported qcow2 image: %s", err);
+    r = -EINVAL;
+    goto fail;
+  }
+  if (img->header.backing_file_offset != 0) {
+    r = qcow2_backing_open (img, first, first_len);
+    if (r < 0)
+      goto fail;
+  }
+  else if (opts->backing_path) {
+    qcow2_error (img, "qcow2-backing: the image has no backing file");
     r = -EINVAL;
     goto fail;
   }
@@ -291,6 +314,7 @@ qcow2_image_close (struct qcow2_image *img)
     return;
   qcow2_cache_free (img->l2_cache);
   qcow2_cache_free (img->cluster_cache);
+  qcow2_backing_close (img);
   qcow2_refcount_free (img);
   tablemap_clear (&img->dirty_l2);
   free (img->l1_dirty);

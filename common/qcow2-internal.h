@@ -84,6 +84,8 @@ struct qcow2_image {
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
 
+  struct backing *backing;    /* NULL: unallocated clusters read as zeros */
+
   /* Bumped before released clusters' cache entries are dropped, so that
    * a decode started before the release cannot put them back.
    */
@@ -175,6 +177,14 @@ size_t qcow2_compress_batch_max (const struct qcow2_image *img);
 /* Allocate host cluster INDEX if it is free; -EBUSY if it is not. */
 int qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
                             uint64_t index);
+
+/* Backing files (qcow2-backing.c). */
+int qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
+                        size_t first_len);
+void qcow2_backing_close (struct qcow2_image *img);
+/* Read LEN bytes of the backing disk at OFFSET (zeros past its end). */
+int qcow2_backing_read (struct qcow2_image *img, void *buf, uint64_t len,
+                        uint64_t offset);
 
 /* Refcounts (qcow2-refcount.c); all with img->lock held exclusively. */
 int qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io);

@@ -608,6 +608,11 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
         break;
       switch (map.kind) {
       case CLUSTER_UNALLOCATED:
+        if (dst && img->backing) {
+          r = qcow2_backing_read (img, dst, hi - lo, lo);
+          break;
+        }
+        __attribute__ ((fallthrough));
       case CLUSTER_ZERO:
         if (dst)
           memset (dst, 0, hi - lo);
@@ -718,7 +723,11 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
       r = qcow2_classify (img, first + i, entries[i], &map);
       if (r < 0)
         break;
-      zero = map.kind == CLUSTER_UNALLOCATED || map.kind == CLUSTER_ZERO;
+      /* Without a backing file, unallocated reads as zeros; with one,
+       * it is the backing file's data, reported as data.
+       */
+      zero = map.kind == CLUSTER_ZERO ||
+        (map.kind == CLUSTER_UNALLOCATED && img->backing == NULL);
       if (pos == offset)
         run_zero = zero;
       else if (zero != run_zero) {

@@ -187,6 +187,9 @@ read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
 
   switch (map->kind) {
   case CLUSTER_UNALLOCATED:
+    if (img->backing)
+      return qcow2_backing_read (img, img->wbuf, cluster_size, guest);
+    __attribute__ ((fallthrough));
   case CLUSTER_ZERO:
     memset (img->wbuf, 0, cluster_size);
     return 0;
@@ -298,9 +301,44 @@ check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
   return 0;
 }
 
-/* Apply FN's change to every guest cluster of [OFFSET, OFFSET+COUNT). */
 enum op { OP_WRITE, OP_ZERO, OP_TRIM };
 
+/* Does the cluster MAP describes read as zeros now? */
+static bool
+reads_as_zeros (const struct qcow2_image *img, const struct cluster_map *map)
+{
+  return map->kind == CLUSTER_ZERO ||
+    (map->kind == CLUSTER_UNALLOCATED && img->backing == NULL);
+}
+
+/* Zero or trim [PART_OFF, PART_OFF+LEN) of guest cluster GC (its L2 entry
+ * is at INDEX in T).  A whole cluster becomes a zero cluster on v3
+ * (releasing what it held), unallocated on v2 without a backing file
+ * (which reads as zeros), and is written with zeros on v2 with one.  Part
+ * of a cluster is written with zeros when zeroing, left alone when
+ * trimming.
+ */
+static int
+zero_cluster (struct qcow2_image *img, struct qcow2_io *io,
+              struct data_run *run, enum op op, struct meta_table *t,
+              uint64_t index, uint64_t gc, const struct cluster_map *map,
+              bool whole, uint64_t part_off, uint64_t len)
+{
+  bool v3 = img->header.version >= 3;
+
+  if (reads_as_zeros (img, map))
+    return 0;
+  if (whole && (v3 || img->backing == NULL)) {
+    put_be64 (t->data + index * 8, v3 ? L2E_ZERO : 0);
+    t->dirty = true;
+    return release (img, map);
+  }
+  if (op == OP_TRIM)
+    return 0;                   /* a trim is only a hint */
+  return write_cluster (img, io, run, t, index, gc, NULL, part_off, len);
+}
+
+/* Apply FN's change to every guest cluster of [OFFSET, OFFSET+COUNT). */
 static int
 change_range (struct qcow2_image *img, struct qcow2_io *io, enum op op,
               const uint8_t *buf, uint64_t count, uint64_t offset)
@@ -333,28 +371,18 @@ change_range (struct qcow2_image *img, struct qcow2_io *io, enum op op,
                            buf + (pos - offset), pos - cstart, hi - pos);
     }
     else {
-      /* Zero and trim: a cluster without an L2 table reads as zeros. */
-      r = l2_for_write (img, io, l1_index, false, &t);
+      /* Zero and trim: a cluster without an L2 table reads as zeros,
+       * unless a backing file shows through it.
+       */
+      r = l2_for_write (img, io, l1_index, img->backing != NULL, &t);
       if (r == 0 && t) {
         uint64_t entry = be64 (t->data + index * 8);
         struct cluster_map map;
 
         r = qcow2_classify (img, gc, entry, &map);
-        /* Without a backing file an unallocated cluster reads as zeros
-         * already.
-         */
-        if (r == 0 && whole && map.kind != CLUSTER_UNALLOCATED) {
-          uint64_t zero_entry = img->header.version >= 3 ? L2E_ZERO : 0;
-          if (entry != zero_entry) {
-            put_be64 (t->data + index * 8, zero_entry);
-            t->dirty = true;
-            r = release (img, &map);
-          }
-        }
-        else if (r == 0 && !whole && op == OP_ZERO &&
-                 map.kind != CLUSTER_UNALLOCATED && map.kind != CLUSTER_ZERO)
-          r = write_cluster (img, io, &run, t, index, gc, NULL,
-                             pos - cstart, hi - pos);
+        if (r == 0)
+          r = zero_cluster (img, io, &run, op, t, index, gc, &map, whole,
+                            pos - cstart, hi - pos);
       }
     }
     pos = hi;
@@ -469,14 +497,16 @@ place_cluster (struct qcow2_image *img, struct qcow2_io *io, uint64_t gc,
   if (r < 0)
     return r;
   if (result == QCOW2_COMPRESS_ALL_ZERO) {
-    /* Without a backing file an unallocated cluster already reads as
-     * zeros: leave it, as qemu-img convert does.
+    /* What already reads as zeros stays as it is (an unallocated cluster
+     * of a new image, as qemu-img convert leaves it).
      */
-    if (map.kind == CLUSTER_UNALLOCATED)
+    if (reads_as_zeros (img, &map))
       return 0;
+    if (img->header.version < 3 && img->backing) {
+      r = write_cluster (img, io, &run, t, index, gc, src, 0, src_len);
+      return r ? r : run_flush (img, io, &run);
+    }
     new_entry = img->header.version >= 3 ? L2E_ZERO : 0;
-    if (entry == new_entry)
-      return 0;
   }
   else {
     r = pack_compressed (img, io, cdata, result, &host);
@@ -614,7 +644,8 @@ zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
   unsigned i;
   int r;
 
-  *needs = false;
+  /* A v2 image cannot say "zero" over a backing file: it writes zeros. */
+  *needs = img->header.version < 3 && img->backing != NULL;
   for (i = 0; i < 2; ++i) {
     uint64_t gc = edges[i] >> bits;
     uint64_t cstart = gc << bits;
@@ -632,7 +663,7 @@ zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
       r = qcow2_classify (img, gc, entry, &map);
     if (r < 0)
       return r;
-    if (map.kind != CLUSTER_UNALLOCATED && map.kind != CLUSTER_ZERO)
+    if (!reads_as_zeros (img, &map))
       *needs = true;
   }
   return 0;

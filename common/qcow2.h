@@ -27,6 +27,9 @@ struct qcow2_options {
   uint64_t cluster_cache_size;    /* bytes */
   bool compress;                  /* store whole-cluster writes compressed */
   int compression_level;          /* the codec's level; 0: its default */
+  const char *backing_path;       /* the backing file, overriding the header */
+  const char *image_dir;          /* where relative backing names start */
+  unsigned backing_depth;         /* 0; the engine counts the chain */
 };
 
 /* What qcow2_create makes. */

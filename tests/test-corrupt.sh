@@ -149,7 +149,7 @@ expect_open_failure ()
     kill -0 "$SERVER_PID" 2>/dev/null ||
         fail "$name: the server died after the second connection"
 
-    n=$(count_in_log "qcow2zstd: invalid or unsupported qcow2 image: .*$pattern" "$sock.log")
+    n=$(count_in_log "qcow2zstd: ${OPEN_ERROR_PREFIX-invalid or unsupported qcow2 image: }.*$pattern" "$sock.log")
     if [ "$n" -lt 2 ]; then
         cat "$sock.log" >&2
         fail "$name: expected an error matching '$pattern' for each of two connections, found $n"
@@ -340,11 +340,15 @@ expect_open_failure external-data-file "$img" 'incompatible_features: .*external
 img=$(copy_image norm extended-l2); patch "$img" incompat-set 4
 expect_open_failure extended-l2 "$img" 'incompatible_features: .*extended L2'
 
-# A real backing file: refusing it is the only safe answer (serving the
-# unallocated clusters as zeros would be silently wrong data).
-qemu-img create -q -f qcow2 -b "$T/norm.qcow2" -F qcow2 "$T/backed.qcow2"
+# A backing file that cannot be opened: refusing the image is the only
+# safe answer (serving the unallocated clusters as zeros would be
+# silently wrong data).
+cp "$T/norm.qcow2" "$T/gone.qcow2"
+qemu-img create -q -f qcow2 -b "$T/gone.qcow2" -F qcow2 "$T/backed.qcow2"
 qemu-io -f qcow2 -c 'write -q -P 0x99 64k 4k' "$T/backed.qcow2" >/dev/null
-expect_open_failure backing-file "$T/backed.qcow2" 'backing'
+rm "$T/gone.qcow2"
+OPEN_ERROR_PREFIX="" expect_open_failure backing-file-missing "$T/backed.qcow2" \
+    'cannot open the backing file .*gone.qcow2'
 
 # Backing file name outside the header cluster.
 img=$(copy_image backed backing-name-outside); patch "$img" be64 8 0xfff0

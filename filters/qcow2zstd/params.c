@@ -3,6 +3,7 @@
 #include <config.h>
 
 #include <inttypes.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -87,9 +88,49 @@ parse_size_param (const char *key, const char *value, uint64_t min,
   return 0;
 }
 
+/* The image's directory, when the plugin is nbdkit's file plugin: its
+ * file= (or dir=) parameter passes by here too, and relative backing
+ * file names are resolved from there.  Taken now, before nbdkit may
+ * change directory.
+ */
+static char *image_dir;
+
+static void
+note_image_path (const char *key, const char *value)
+{
+  char *path = realpath (value, NULL), *slash;
+
+  if (path == NULL)
+    return;                     /* the plugin will report it */
+  free (image_dir);
+  image_dir = NULL;
+  if (strcmp (key, "dir") == 0)
+    image_dir = path;
+  else if ((slash = strrchr (path, '/')) != NULL) {
+    slash[slash == path ? 1 : 0] = '\0';
+    image_dir = path;
+  }
+  else
+    free (path);
+  filter_options.image_dir = image_dir;
+}
+
 int
 params_config (const char *key, const char *value)
 {
+  if (strcmp (key, "file") == 0 || strcmp (key, "dir") == 0) {
+    note_image_path (key, value);
+    return 1;                   /* the plugin's own parameter */
+  }
+  if (strcmp (key, "qcow2-backing") == 0) {
+    char *path = realpath (value, NULL);
+    if (path == NULL) {
+      nbdkit_error ("qcow2-backing: %s: %m", value);
+      return -1;
+    }
+    filter_options.backing_path = path;
+    return 0;
+  }
   if (strcmp (key, "qcow2-threads") == 0) {
     if (nbdkit_parse_unsigned (key, value, &threads_param) == -1)
       return -1;

@@ -1,0 +1,215 @@
+/* qcow2zstd engine: backing files.
+ *
+ * An image whose header names a backing file reads its unallocated
+ * clusters from it, and a partial write into such a cluster copies the
+ * rest of the cluster from it.  The backing file is raw or qcow2 (which
+ * may have a backing file of its own: a chain, up to MAX_CHAIN deep), is
+ * opened read-only by the engine itself, and is read in the calling
+ * thread.  Past its end it reads as zeros.
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qcow2-internal.h"
+#include "qcow2-endian.h"
+#include "qcow2-fileio.h"
+
+#define MAX_CHAIN 16
+
+struct backing {
+  char *path;
+  bool is_qcow2;
+  struct qcow2_io io;
+  uint64_t size;                /* raw: file size; qcow2: virtual size */
+  struct qcow2_image *img;      /* qcow2 only */
+  struct qcow2_reader *reader;
+};
+
+struct format_search {
+  char format[32];
+};
+
+static int
+find_format (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)
+{
+  struct format_search *fs = opaque;
+
+  if (type != QCOW2_EXT_BACKING_FORMAT)
+    return 0;
+  if (len >= sizeof fs->format)
+    len = sizeof fs->format - 1;
+  memcpy (fs->format, data, len);
+  fs->format[len] = '\0';
+  return 1;
+}
+
+/* Where the backing file is: the override if given, else the header's
+ * name, relative names taken from the image's own directory.
+ */
+static int
+resolve_path (struct qcow2_image *img, const char *name, char **path)
+{
+  const char *dir = img->opts.image_dir;
+
+  if (img->opts.backing_path)
+    *path = strdup (img->opts.backing_path);
+  else if (name[0] == '/')
+    *path = strdup (name);
+  else if (dir == NULL) {
+    qcow2_error (img, "the image has a backing file '%s' with a relative "
+                 "name and the engine does not know the image's directory; "
+                 "give its path with qcow2-backing=PATH", name);
+    return -EINVAL;
+  }
+  else if (asprintf (path, "%s/%s", dir, name) == -1)
+    *path = NULL;
+  if (*path == NULL) {
+    qcow2_error (img, "out of memory");
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+int
+qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
+                    size_t first_len)
+{
+  const struct qcow2_header *h = &img->header;
+  struct format_search fs = { .format = "" };
+  char name[1024], err[256], magic[4];
+  struct backing *b;
+  int r;
+
+  if (img->opts.backing_depth >= MAX_CHAIN) {
+    qcow2_error (img, "the backing chain is more than %d images deep",
+                 MAX_CHAIN);
+    return -ELOOP;
+  }
+  memcpy (name, first + h->backing_file_offset, h->backing_file_size);
+  name[h->backing_file_size] = '\0';
+  if (strlen (name) != h->backing_file_size || name[0] == '\0') {
+    qcow2_error (img, "backing_file_offset: the backing file name is empty "
+                 "or holds a NUL byte");
+    return -EINVAL;
+  }
+  if (qcow2_header_walk_extensions (first, first_len, h, find_format, &fs,
+                                    err, sizeof err) == -1) {
+    qcow2_error (img, "%s", err);
+    return -EINVAL;
+  }
+
+  b = calloc (1, sizeof *b);
+  if (b == NULL)
+    return -ENOMEM;
+  img->backing = b;
+  r = resolve_path (img, name, &b->path);
+  if (r < 0)
+    return r;
+  r = qcow2_fileio_open (b->path, false, &b->io);
+  if (r < 0) {
+    qcow2_error (img, "cannot open the backing file %s (named '%s' in the "
+                 "image): %s", b->path, name, strerror (-r));
+    return r;
+  }
+
+  /* The header's format extension says what the backing file is; without
+   * one, look at its first bytes, as qemu does.
+   */
+  if (strcmp (fs.format, "qcow2") == 0)
+    b->is_qcow2 = true;
+  else if (strcmp (fs.format, "raw") == 0 || fs.format[0] == '\0') {
+    int64_t size = b->io.size (b->io.opaque);
+    b->is_qcow2 = fs.format[0] == '\0' && size >= 4 &&
+      b->io.pread (b->io.opaque, magic, 4, 0) == 0 &&
+      be32 (magic) == QCOW2_MAGIC;
+  }
+  else {
+    qcow2_error (img, "backing file %s: unsupported backing format '%s' "
+                 "(raw or qcow2)", b->path, fs.format);
+    return -ENOTSUP;
+  }
+
+  if (b->is_qcow2) {
+    struct qcow2_options opts = img->opts;
+    char *slash = strrchr (b->path, '/');
+    char *dir = NULL;
+    struct qcow2_log log = img->log;
+
+    if (slash && (dir = strndup (b->path, slash - b->path + (slash == b->path))) == NULL)
+      return -ENOMEM;
+    opts.writable = false;
+    opts.compress = false;
+    opts.threads = 0;
+    opts.backing_path = NULL;
+    opts.image_dir = dir ? dir : ".";
+    opts.backing_depth = img->opts.backing_depth + 1;
+    r = qcow2_image_open (&b->io, &log, &opts, &b->img);
+    free (dir);
+    if (r < 0) {
+      qcow2_error (img, "cannot open the backing file %s as qcow2", b->path);
+      return r;
+    }
+    b->img->opts.image_dir = NULL;  /* the string is gone; not needed now */
+    b->reader = qcow2_reader_new (b->img);
+    if (b->reader == NULL)
+      return -ENOMEM;
+    b->size = b->img->header.virtual_size;
+  }
+  else {
+    int64_t size = b->io.size (b->io.opaque);
+    if (size < 0)
+      return (int) size;
+    b->size = size;
+  }
+  qcow2_debug (img, "backing file %s (%s, %" PRIu64 " bytes)", b->path,
+               b->is_qcow2 ? "qcow2" : "raw", b->size);
+  return 0;
+}
+
+void
+qcow2_backing_close (struct qcow2_image *img)
+{
+  struct backing *b = img->backing;
+
+  if (b == NULL)
+    return;
+  qcow2_reader_free (b->reader);
+  qcow2_image_close (b->img);
+  if (b->io.opaque)
+    qcow2_fileio_close (&b->io);
+  free (b->path);
+  free (b);
+  img->backing = NULL;
+}
+
+int
+qcow2_backing_read (struct qcow2_image *img, void *buf, uint64_t len,
+                    uint64_t offset)
+{
+  struct backing *b = img->backing;
+  uint64_t avail = offset < b->size ? b->size - offset : 0;
+  uint64_t n = len < avail ? len : avail;
+  int r = 0;
+
+  if (n > 0) {
+    if (b->is_qcow2)
+      r = qcow2_read (b->reader, &b->io, buf, n, offset);
+    else {
+      r = b->io.pread (b->io.opaque, buf, n, offset);
+      if (r < 0)
+        qcow2_error (img, "read of the backing file %s failed: %s",
+                     b->path, strerror (-r));
+    }
+    if (r < 0)
+      return r;
+  }
+  if (n < len)
+    memset ((uint8_t *) buf + n, 0, len - n);
+  return 0;
+}

@@ -1,0 +1,20 @@
+/* qcow2zstd engine: a struct qcow2_io over a file of the local
+ * filesystem.  Backing files are read through it, and the plugin form
+ * serves its image through it (and can grow that file).
+ */
+#ifndef QCOW2_FILEIO_H
+#define QCOW2_FILEIO_H
+
+#include <stdbool.h>
+
+#include "qcow2-io.h"
+
+/* Open PATH (for writing too if WRITABLE) and fill IO.  Returns 0 or
+ * -errno; IO is untouched on failure.
+ */
+int qcow2_fileio_open (const char *path, bool writable, struct qcow2_io *io);
+
+/* Close what qcow2_fileio_open opened. */
+void qcow2_fileio_close (struct qcow2_io *io);
+
+#endif /* QCOW2_FILEIO_H */

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Backing files: raw and qcow2 backing files and a chain of three, named
+# in the header (absolute and relative) or given with qcow2-backing=PATH;
+# reads compared with qemu's; partial writes, zeroes and trims over
+# unallocated clusters, on v3 and v2, checked with qemu-img check and
+# compared with qemu's reading of the result.
+source "${top_srcdir:-.}/tests/functions.sh"
+requires nbdcopy qemu-io
+PYTHON=/usr/bin/python3
+$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+
+cd "$TMPDIR_TEST"
+$PYTHON -c "
+import random
+r = random.Random(12)
+open('base.raw', 'wb').write(b''.join(r.randbytes(9000) + b'backing ' * 3000 for _ in range(100)))
+"
+base_size=$(stat -c %s base.raw)
+
+# served_equals_qemu IMAGE [PARAMS]: the filter reads IMAGE as qemu does.
+served_equals_qemu ()
+{
+    local img=$1 what=$2
+    shift 2
+    start_server "$PWD/sock" -r file "$img" "$@"
+    nbdcopy "$(nbd_uri "$PWD/sock")" served.raw
+    stop_server
+    qemu-img convert -U -O raw "$img" qemu.raw
+    cmp served.raw qemu.raw || fail "$what: the filter and qemu read different data"
+}
+
+# 1. A raw backing file, named by an absolute path.
+qemu-img create -q -f qcow2 -b "$PWD/base.raw" -F raw top-raw.qcow2 $((base_size + 100000))
+qemu-io -f qcow2 -c "write -P 0x11 100000 50000" -c "write -z 400000 70000" top-raw.qcow2 > /dev/null
+served_equals_qemu top-raw.qcow2 "raw backing"
+echo "raw backing file, larger disk than the backing file: reads as qemu reads it"
+
+# 2. A chain: compressed zstd base <- zlib middle <- top, relative names.
+mkdir chain
+qemu-img convert -c -O qcow2 -o compression_type=zstd base.raw chain/base.qcow2
+(cd chain &&
+ qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 -o compression_type=zlib mid.qcow2 &&
+ qemu-io -f qcow2 -c "write -c -P 0x22 65536 65536" -c "write -P 0x23 300000 5000" mid.qcow2 > /dev/null &&
+ qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 top.qcow2 &&
+ qemu-io -f qcow2 -c "write -P 0x33 70000 1000" -c "write -z 600000 65536" \
+     -c "write -z 786432 131072" top.qcow2 > /dev/null)
+served_equals_qemu chain/top.qcow2 "chain"
+echo "chain of three (zstd base, zlib middle), relative names: reads as qemu reads it"
+
+# 3. qcow2-backing=PATH overrides a name that does not resolve.
+qemu-img create -q -f qcow2 -b "$PWD/chain/base.qcow2" -F qcow2 moved.qcow2
+qemu-io -f qcow2 -c "write -P 0x44 1000 3000" moved.qcow2 > /dev/null
+qemu-img rebase -u -b /nonexistent/base.qcow2 -F qcow2 moved.qcow2
+start_server "$PWD/sock" -r file moved.qcow2 qcow2-backing="$PWD/chain/base.qcow2"
+nbdcopy "$(nbd_uri "$PWD/sock")" served.raw
+stop_server
+cp moved.qcow2 rebased.qcow2
+qemu-img rebase -u -b "$PWD/chain/base.qcow2" -F qcow2 rebased.qcow2
+qemu-img convert -O raw rebased.qcow2 qemu.raw
+cmp served.raw qemu.raw || fail "qcow2-backing: wrong data"
+echo "qcow2-backing=PATH in place of a name that does not resolve: reads right"
+
+# 4. Writing over a backing file (v3 and v2): partial writes copy the
+# backing data into the new cluster, zeroes hide it, trims too.
+for compat in 1.1 0.10; do
+    qemu-img create -q -f qcow2 -o compat=$compat -b "$PWD/chain/base.qcow2" -F qcow2 w.qcow2
+    truncate -s +4M w.qcow2
+    qemu-img convert -O raw w.qcow2 expect.raw
+    start_server "$PWD/sock" file w.qcow2
+    $PYTHON - "$(nbd_uri "$PWD/sock")" <<'EOF'
+import nbd, os, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+fd = os.open("expect.raw", os.O_RDWR)
+def write(data, off):
+    h.pwrite(data, off); os.pwrite(fd, data, off)
+def zero(n, off):
+    h.zero(n, off); os.pwrite(fd, bytes(n), off)
+write(b"partial" * 100, 70000)          # inside one unallocated cluster
+write(b"x" * 65536, 131072)             # a whole cluster
+zero(1000, 200000)                      # part of a cluster
+zero(131072, 262144)                    # whole clusters
+zero(65536 + 3000, 458752 - 1000)       # parts and a whole one
+h.trim(65536, 589824)                   # a hint: the data may stay
+os.pwrite(fd, h.pread(65536, 589824), 589824)
+h.flush()
+got = h.pread(h.get_size(), 0)
+want = os.pread(fd, h.get_size(), 0)
+assert got == want, "the filter does not read back what was written"
+EOF
+    stop_server
+    qemu-img check w.qcow2 > check.out 2>&1 || { cat check.out; fail "compat $compat: qemu-img check"; }
+    grep -q "No errors were found" check.out || { cat check.out; fail "compat $compat: check found problems"; }
+    qemu-img compare -q -f qcow2 -F raw w.qcow2 expect.raw || fail "compat $compat: qemu reads other data"
+    echo "compat $compat over a backing file: writes, zeroes, trims: check clean, qemu agrees"
+done
+
+# 5. Extents: zero clusters of the top image are holes that read as
+# zeros; unallocated ones show the backing file's data, so they are data.
+start_server "$PWD/sock" -r file chain/top.qcow2
+nbdinfo --map "$(nbd_uri "$PWD/sock")" > map.txt
+stop_server
+qemu-img map --output=json chain/top.qcow2 > qemu-map.json
+$PYTHON - map.txt qemu-map.json <<'EOF' || { cat map.txt; fail "extents over a backing file"; }
+import json, sys
+ours = []
+for line in open(sys.argv[1]):
+    off, length, kind = (int(x) for x in line.split()[:3])
+    ours.append((off, off + length, kind))
+def ours_at(pos):
+    return next(k for a, b, k in ours if a <= pos < b)
+holes = 0
+for e in json.load(open(sys.argv[2])):
+    # Zero at depth 0 without data: a zero cluster of the top image.
+    want = 3 if e["depth"] == 0 and e["zero"] and not e["data"] else 0
+    holes += want == 3
+    for pos in range(e["start"], e["start"] + e["length"], 65536):
+        assert ours_at(pos) == want, (pos, ours_at(pos), want)
+assert holes > 0, "the image has no zero cluster to check"
+EOF
+echo "extents over a backing file: zero clusters are holes, the rest data, as qemu maps it"
