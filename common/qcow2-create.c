@@ -90,12 +90,18 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
     return (int) device_size;
   }
   host_clusters = (uint64_t) device_size >> bits;
+  /* Storage that grows gets a table for the whole disk and then some. */
+  if (opts->growable) {
+    uint64_t disk_clusters = create->virtual_size >> bits;
+    if (host_clusters < disk_clusters + disk_clusters / 8 + 64)
+      host_clusters = disk_clusters + disk_clusters / 8 + 64;
+  }
   /* One table entry per refcount block of 16-bit refcounts. */
   rt_entries = (host_clusters + cluster_size / 2 - 1) / (cluster_size / 2) + 1;
   rt_clusters = (rt_entries * 8 + cluster_size - 1) / cluster_size;
   meta_clusters = 1 + rt_clusters + l1_clusters;
   /* The metadata, a refcount block, and one cluster of data at least. */
-  if (host_clusters < meta_clusters + 2) {
+  if (!opts->growable && host_clusters < meta_clusters + 2) {
     snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
               " bytes) is too small for the image's metadata (%" PRIu64
               " bytes at least); make it larger (for a file: truncate -s "

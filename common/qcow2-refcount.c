@@ -93,7 +93,12 @@ qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io)
   rc->block_bits = h->cluster_bits + 3 - h->refcount_order;
   rc->max_refcount = h->refcount_order == 6
     ? UINT64_MAX : (UINT64_C (1) << (1u << h->refcount_order)) - 1;
-  rc->host_clusters = img->file_size >> h->cluster_bits;
+  /* Storage that grows (the plugin's own file) ends only where host
+   * offsets do.
+   */
+  rc->host_clusters = img->opts.growable
+    ? QCOW2_MAX_HOST_OFFSET >> h->cluster_bits
+    : img->file_size >> h->cluster_bits;
   rc->free_hint = 1;
   rc->table_offset = h->refcount_table_offset;
   rc->table_clusters = h->refcount_table_clusters;
@@ -280,6 +285,19 @@ no_room (struct qcow2_image *img, uint64_t count)
 static int grow_table (struct qcow2_image *img, struct qcow2_io *io,
                        uint64_t min_entries);
 
+/* On growable storage, clusters handed out past its end extend the size
+ * the engine reads up to; the file itself grows when they are written.
+ */
+static void
+cover_allocation (struct qcow2_image *img, uint64_t first_cluster,
+                  uint64_t count)
+{
+  uint64_t end = (first_cluster + count) << img->header.cluster_bits;
+
+  if (img->opts.growable && end > img->file_size)
+    img->file_size = end;
+}
+
 /* Create the refcount block for table index RT_INDEX. */
 static int
 new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index)
@@ -333,6 +351,7 @@ new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index)
   }
   rc->table[rt_index] = t->offset;
   rc->table_dirty = true;
+  cover_allocation (img, cluster, 1);
   return counted ? 0 : qcow2_refcount_add (img, io, cluster, 1);
 }
 
@@ -456,6 +475,7 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
    */
   if (count == 1)
     rc->free_hint = first + 1;
+  cover_allocation (img, first, count);
   *offset = first << img->header.cluster_bits;
   return 0;
 }
@@ -480,6 +500,7 @@ qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
     return r;
   if (refcount != 0)
     return -EBUSY;
+  cover_allocation (img, index, 1);
   return qcow2_refcount_add (img, io, index, 1);
 }
 
@@ -493,7 +514,10 @@ grow_table (struct qcow2_image *img, struct qcow2_io *io, uint64_t min_entries)
   struct refcounts *rc = &img->rc;
   const struct qcow2_header *h = &img->header;
   uint64_t per_cluster = h->cluster_size / 8;
-  uint64_t needed = (rc->host_clusters >> rc->block_bits) + 2;
+  /* Growable storage: room for the file to double first. */
+  uint64_t clusters_to_cover = img->opts.growable
+    ? ((img->file_size >> h->cluster_bits) + 1024) * 2 : rc->host_clusters;
+  uint64_t needed = (clusters_to_cover >> rc->block_bits) + 2;
   uint64_t entries, clusters, old_offset = rc->table_offset;
   uint32_t old_clusters = rc->table_clusters;
   uint64_t *table, new_offset;

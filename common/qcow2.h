@@ -30,6 +30,7 @@ struct qcow2_options {
   const char *backing_path;       /* the backing file, overriding the header */
   const char *image_dir;          /* where relative backing names start */
   unsigned backing_depth;         /* 0; the engine counts the chain */
+  bool growable;                  /* writes may extend the storage */
 };
 
 /* What qcow2_create makes. */

@@ -16,7 +16,8 @@ export PATH="/usr/bin:$PATH"
 : "${top_builddir:=$(pwd)}"
 : "${top_srcdir:=$top_builddir}"
 : "${FILTER:=$top_builddir/filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so}"
-export FILTER
+: "${PLUGIN:=$top_builddir/plugins/qcow2zstd/.libs/nbdkit-qcow2zstd-plugin.so}"
+export FILTER PLUGIN
 
 # Exit 77 (skip) with a reason unless every named command exists.
 requires ()
@@ -93,9 +94,19 @@ start_server ()
 {
     local sock=$1
     shift
+    start_nbdkit "$sock" --filter="$FILTER" "$@"
+}
+
+# start_nbdkit SOCKET [NBDKIT ARGS...]: the same without adding the
+# filter: for the plugin form ($PLUGIN) and for stacks that place the
+# filter themselves.
+start_nbdkit ()
+{
+    local sock=$1
+    shift
     local pidfile="$sock.pid"
     rm -f "$pidfile" "$sock"
-    run_nbdkit -U "$sock" -P "$pidfile" -f --filter="$FILTER" "$@" \
+    run_nbdkit -U "$sock" -P "$pidfile" -f "$@" \
         2>"$sock.log" &
     local bgpid=$!
     _pids+=("$bgpid")

@@ -119,7 +119,7 @@ open_engine (nbdkit_next *next, const char *exportname, bool writable,
              struct qcow2_image **engine)
 {
   struct qcow2_io io = IO_FOR (next);
-  struct qcow2_options opts = filter_options;
+  struct qcow2_options opts = engine_options;
   struct created *c;
   int r;
 

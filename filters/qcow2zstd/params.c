@@ -8,10 +8,18 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "qcow2zstd.h"
+/* The same source serves the filter and the plugin form. */
+#define NBDKIT_API_VERSION 2
+#ifdef QCOW2ZSTD_PLUGIN
+#include <nbdkit-plugin.h>
+#else
+#include <nbdkit-filter.h>
+#endif
+
+#include "params.h"
 #include "qcow2-codec.h"
 
-struct qcow2_options filter_options = {
+struct qcow2_options engine_options = {
   .threads = 0,                 /* set in params_complete */
   .request_size = QCOW2_DEFAULT_REQUEST_SIZE,
   .l2_cache_size = QCOW2_DEFAULT_L2_CACHE_SIZE,
@@ -112,7 +120,7 @@ note_image_path (const char *key, const char *value)
   }
   else
     free (path);
-  filter_options.image_dir = image_dir;
+  engine_options.image_dir = image_dir;
 }
 
 int
@@ -128,7 +136,7 @@ params_config (const char *key, const char *value)
       nbdkit_error ("qcow2-backing: %s: %m", value);
       return -1;
     }
-    filter_options.backing_path = path;
+    engine_options.backing_path = path;
     return 0;
   }
   if (strcmp (key, "qcow2-threads") == 0) {
@@ -142,16 +150,16 @@ params_config (const char *key, const char *value)
   }
   if (strcmp (key, "qcow2-request-size") == 0)
     return parse_size_param (key, value, QCOW2_MIN_REQUEST_SIZE,
-                             QCOW2_MAX_REQUEST_SIZE, &filter_options.request_size);
+                             QCOW2_MAX_REQUEST_SIZE, &engine_options.request_size);
   /* The caches reserve their memory when the image opens, so they may
    * not exceed the machine's memory.
    */
   if (strcmp (key, "qcow2-l2-cache-size") == 0)
     return parse_size_param (key, value, 0, physical_memory (),
-                             &filter_options.l2_cache_size);
+                             &engine_options.l2_cache_size);
   if (strcmp (key, "qcow2-cluster-cache-size") == 0)
     return parse_size_param (key, value, 0, physical_memory (),
-                             &filter_options.cluster_cache_size);
+                             &engine_options.cluster_cache_size);
   if (strcmp (key, "qcow2-create") == 0) {
     create_requested = true;
     if (parse_size_param (key, value, 0, INT64_MAX / 2,
@@ -197,10 +205,10 @@ params_config (const char *key, const char *value)
     return 0;
   }
   if (strcmp (key, "qcow2-compression-level") == 0) {
-    if (nbdkit_parse_int (key, value, &filter_options.compression_level) == -1)
+    if (nbdkit_parse_int (key, value, &engine_options.compression_level) == -1)
       return -1;
     /* The codec's own range is checked when the image's type is known. */
-    if (filter_options.compression_level < 1 || filter_options.compression_level > 22) {
+    if (engine_options.compression_level < 1 || engine_options.compression_level > 22) {
       nbdkit_error ("%s: %s is out of range (zlib 1 to 9, zstd 1 to 22)",
                     key, value);
       return -1;
@@ -222,7 +230,7 @@ params_complete (void)
   /* The thread that calls pread decodes too, so N threads means N-1
    * workers in the pool.
    */
-  filter_options.threads = threads - 1;
+  engine_options.threads = threads - 1;
 
   if (create_details_given && !create_requested) {
     nbdkit_error ("qcow2-cluster-size and qcow2-compression-type only "
@@ -239,6 +247,6 @@ params_complete (void)
   /* Compression is what creating an image is for; an existing image is
    * written the way qemu writes it unless asked.
    */
-  filter_options.compress = compress_param == -1 ? create_requested : compress_param;
+  engine_options.compress = compress_param == -1 ? create_requested : compress_param;
   return 0;
 }

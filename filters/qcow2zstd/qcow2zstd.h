@@ -8,34 +8,7 @@
 #include <nbdkit-filter.h>
 
 #include "qcow2.h"
-
-/* -D qcow2zstd.image=1: engine messages while opening the image.
- * -D qcow2zstd.stats=1: a statistics line when an image is closed.
- */
-extern int qcow2zstd_debug_image;
-extern int qcow2zstd_debug_stats;
-
-/* params.c: the parameters, settled by params_complete. */
-extern struct qcow2_options filter_options;
-extern bool create_requested;
-extern struct qcow2_create_options create_options;
-
-/* Handle KEY=VALUE if it is one of ours: 0 done, -1 error, 1 not ours. */
-int params_config (const char *key, const char *value);
-int params_complete (void);
-void params_dump_if_asked (void);
-
-#define PARAMS_HELP \
-  "qcow2-threads=N                Threads (de)compressing each request (default: CPUs).\n" \
-  "qcow2-request-size=SIZE        Largest read of the plugin (default 4M).\n" \
-  "qcow2-l2-cache-size=SIZE       L2 table cache, all connections (default 32M).\n" \
-  "qcow2-cluster-cache-size=SIZE  Decompressed cluster cache (default 64M).\n" \
-  "qcow2-create=SIZE              Format the plugin as a new image of SIZE.\n" \
-  "qcow2-cluster-size=SIZE        Cluster size of a created image (default 64K).\n" \
-  "qcow2-compression-type=zlib|zstd  Of a created image (default zstd).\n" \
-  "qcow2-compress=BOOL            Store whole-cluster writes compressed.\n" \
-  "qcow2-compression-level=N      zlib 1-9 (default 6), zstd 1-22 (default 3).\n" \
-  "qcow2-backing=PATH             The backing file (default: the image's own)."
+#include "params.h"
 
 /* images.c: one engine image per export, shared by its connections. */
 struct shared_image;

@@ -1,0 +1,369 @@
+/* nbdkit-qcow2zstd-plugin: serve a qcow2 image file.
+ *
+ * The plugin form of the filter, on the same engine and with the same
+ * parameters.  It opens the file itself, so unlike the filter it can
+ * grow the file when writes need room, create the file for qcow2-create,
+ * and always knows where relative backing file names start.
+ *
+ *   nbdkit qcow2zstd disk.qcow2 [qcow2-...=...]
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "params.h"
+#include "qcow2-fileio.h"
+
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_image;
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_stats;
+
+static char *filename;
+
+/* One image for all connections, opened by the first, closed (after a
+ * final flush) with the last.
+ */
+static pthread_mutex_t image_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct qcow2_image *image;
+static struct qcow2_io file_io;
+static unsigned users;
+static bool created;
+
+struct handle {
+  struct qcow2_reader *reader;
+  bool readonly;
+};
+
+static void
+log_error (void *opaque, const char *msg)
+{
+  nbdkit_error ("qcow2zstd: %s: %s", filename, msg);
+}
+
+static void
+log_debug (void *opaque, const char *msg)
+{
+  if (qcow2zstd_debug_image)
+    nbdkit_debug ("qcow2zstd: %s", msg);
+}
+
+static const struct qcow2_log engine_log = {
+  .error = log_error,
+  .debug = log_debug,
+};
+
+static void
+qcow2zstd_load (void)
+{
+  params_dump_if_asked ();
+}
+
+static void
+qcow2zstd_unload (void)
+{
+  free (filename);
+}
+
+static int
+qcow2zstd_config (const char *key, const char *value)
+{
+  int r = params_config (key, value);
+
+  if (r != 1)
+    return r;
+  if (strcmp (key, "file") == 0) {
+    free (filename);
+    /* nbdkit_absolute_path: nbdkit may change directory before opening. */
+    filename = nbdkit_absolute_path (value);
+    return filename ? 0 : -1;
+  }
+  nbdkit_error ("unknown parameter '%s'", key);
+  return -1;
+}
+
+static int
+qcow2zstd_config_complete (void)
+{
+  if (filename == NULL) {
+    nbdkit_error ("the image file was not given: nbdkit qcow2zstd FILE");
+    return -1;
+  }
+  engine_options.growable = true;
+  return params_complete ();
+}
+
+#define qcow2zstd_config_help \
+  "[file=]FILE                    The qcow2 image.\n" PARAMS_HELP
+
+static int
+qcow2zstd_thread_model (void)
+{
+  return NBDKIT_THREAD_MODEL_PARALLEL;
+}
+
+/* Open the image for the first connection.  Called with image_lock. */
+static int
+open_image (int readonly)
+{
+  struct qcow2_options opts = engine_options;
+  int r, fd;
+
+  opts.writable = !readonly;
+  if (create_requested && !created && !readonly) {
+    /* qcow2-create makes the file if it is not there. */
+    fd = open (filename, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd == -1) {
+      nbdkit_error ("qcow2-create: %s: %m", filename);
+      return -1;
+    }
+    close (fd);
+  }
+  r = qcow2_fileio_open (filename, !readonly, &file_io);
+  if (r < 0) {
+    nbdkit_error ("%s: %s", filename, strerror (-r));
+    return -1;
+  }
+  if (create_requested && !created) {
+    if (readonly) {
+      nbdkit_error ("qcow2-create: cannot create an image read-only");
+      r = -EROFS;
+    }
+    else
+      r = qcow2_create (&file_io, &engine_log, &create_options, &opts, &image);
+    if (r == 0)
+      created = true;
+  }
+  else
+    r = qcow2_image_open (&file_io, &engine_log, &opts, &image);
+  if (r < 0) {
+    qcow2_fileio_close (&file_io);
+    return -1;
+  }
+  return 0;
+}
+
+static void *
+qcow2zstd_open (int readonly)
+{
+  struct handle *h = calloc (1, sizeof *h);
+  int r = 0;
+
+  if (h == NULL) {
+    nbdkit_error ("calloc: %m");
+    return NULL;
+  }
+  h->readonly = readonly;
+  pthread_mutex_lock (&image_lock);
+  if (image == NULL)
+    r = open_image (readonly);
+  if (r == 0)
+    users++;
+  pthread_mutex_unlock (&image_lock);
+  if (r < 0) {
+    free (h);
+    return NULL;
+  }
+  h->reader = qcow2_reader_new (image);
+  if (h->reader == NULL) {
+    free (h);
+    return NULL;
+  }
+  return h;
+}
+
+static void
+qcow2zstd_close (void *handle)
+{
+  struct handle *h = handle;
+
+  qcow2_reader_free (h->reader);
+  pthread_mutex_lock (&image_lock);
+  if (--users == 0) {
+    qcow2_flush (image, &file_io);
+    qcow2_image_close (image);
+    image = NULL;
+    qcow2_fileio_close (&file_io);
+  }
+  pthread_mutex_unlock (&image_lock);
+  free (h);
+}
+
+static int64_t
+qcow2zstd_get_size (void *handle)
+{
+  return qcow2_image_header (image)->virtual_size;
+}
+
+static int
+qcow2zstd_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
+                      uint32_t *maximum)
+{
+  uint32_t cluster_size = qcow2_image_header (image)->cluster_size;
+
+  *minimum = 1;
+  *preferred = cluster_size > 4096 ? cluster_size : 4096;
+  *maximum = 0xffffffff;
+  return 0;
+}
+
+static int
+qcow2zstd_can_write (void *handle)
+{
+  struct handle *h = handle;
+  return !h->readonly && qcow2_image_writable (image);
+}
+
+static int
+qcow2zstd_can_fua (void *handle)
+{
+  return qcow2zstd_can_write (handle) ? NBDKIT_FUA_NATIVE : NBDKIT_FUA_NONE;
+}
+
+static int
+qcow2zstd_can_zero (void *handle)
+{
+  return qcow2zstd_can_write (handle);
+}
+
+static int
+qcow2zstd_can_multi_conn (void *handle)
+{
+  /* Every connection shares the image and the file: a flush through any
+   * of them writes all metadata and syncs the one file.
+   */
+  return 1;
+}
+
+static int
+qcow2zstd_can_cache (void *handle)
+{
+  return NBDKIT_CACHE_NATIVE;
+}
+
+static int
+qcow2zstd_can_extents (void *handle)
+{
+  return 1;
+}
+
+static int
+errno_result (int r)
+{
+  if (r < 0) {
+    errno = -r;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+qcow2zstd_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
+                 uint32_t flags)
+{
+  struct handle *h = handle;
+  return errno_result (qcow2_read (h->reader, &file_io, buf, count, offset));
+}
+
+static int
+qcow2zstd_pwrite (void *handle, const void *buf, uint32_t count,
+                  uint64_t offset, uint32_t flags)
+{
+  struct handle *h = handle;
+  return errno_result (qcow2_write (h->reader, &file_io, buf, count, offset,
+                                    flags & NBDKIT_FLAG_FUA));
+}
+
+static int
+qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  struct handle *h = handle;
+  return errno_result (qcow2_zero (h->reader, &file_io, count, offset,
+                                   flags & NBDKIT_FLAG_FAST_ZERO,
+                                   flags & NBDKIT_FLAG_FUA));
+}
+
+static int
+qcow2zstd_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  struct handle *h = handle;
+  return errno_result (qcow2_trim (h->reader, &file_io, count, offset,
+                                   flags & NBDKIT_FLAG_FUA));
+}
+
+static int
+qcow2zstd_flush (void *handle, uint32_t flags)
+{
+  return errno_result (qcow2_flush (image, &file_io));
+}
+
+static int
+add_extent (void *opaque, uint64_t offset, uint64_t length, bool zero)
+{
+  if (nbdkit_add_extent (opaque, offset, length,
+                         zero ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO : 0)
+      == -1)
+    return -errno;
+  return 0;
+}
+
+static int
+qcow2zstd_extents (void *handle, uint32_t count, uint64_t offset,
+                   uint32_t flags, struct nbdkit_extents *extents)
+{
+  struct handle *h = handle;
+  return errno_result (qcow2_extents (h->reader, &file_io, offset, count,
+                                      add_extent, extents));
+}
+
+static int
+qcow2zstd_cache (void *handle, uint32_t count, uint64_t offset,
+                 uint32_t flags)
+{
+  struct handle *h = handle;
+  return errno_result (qcow2_prefetch (h->reader, &file_io, offset, count));
+}
+
+static struct nbdkit_plugin plugin = {
+  .name = "qcow2zstd",
+  .longname = "nbdkit qcow2 plugin (zlib and zstd, parallel)",
+  .version = PACKAGE_VERSION,
+  .load = qcow2zstd_load,
+  .unload = qcow2zstd_unload,
+  .config = qcow2zstd_config,
+  .config_complete = qcow2zstd_config_complete,
+  .config_help = qcow2zstd_config_help,
+  .magic_config_key = "file",
+  .thread_model = qcow2zstd_thread_model,
+  .open = qcow2zstd_open,
+  .close = qcow2zstd_close,
+  .get_size = qcow2zstd_get_size,
+  .block_size = qcow2zstd_block_size,
+  .can_write = qcow2zstd_can_write,
+  .can_flush = qcow2zstd_can_write,
+  .can_trim = qcow2zstd_can_write,
+  .can_zero = qcow2zstd_can_zero,
+  .can_fast_zero = qcow2zstd_can_write,
+  .can_fua = qcow2zstd_can_fua,
+  .can_multi_conn = qcow2zstd_can_multi_conn,
+  .can_cache = qcow2zstd_can_cache,
+  .can_extents = qcow2zstd_can_extents,
+  .pread = qcow2zstd_pread,
+  .pwrite = qcow2zstd_pwrite,
+  .zero = qcow2zstd_zero,
+  .trim = qcow2zstd_trim,
+  .flush = qcow2zstd_flush,
+  .extents = qcow2zstd_extents,
+  .cache = qcow2zstd_cache,
+  .errno_is_preserved = 1,
+};
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+NBDKIT_REGISTER_PLUGIN (plugin)
