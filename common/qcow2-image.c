@@ -39,7 +39,19 @@ qcow2_debug (struct qcow2_image *img, const char *fmt, ...)
 {
   va_list ap;
 
-  if (img->log.debug == NULL)
+  if (img->log.debug == NULL || !(img->opts.debug & QCOW2_DEBUG_IMAGE))
+    return;
+  va_start (ap, fmt);
+  vlog (img->log.debug, img->log.opaque, fmt, ap);
+  va_end (ap);
+}
+
+void
+qcow2_debug_if (struct qcow2_image *img, unsigned flag, const char *fmt, ...)
+{
+  va_list ap;
+
+  if (img->log.debug == NULL || !(img->opts.debug & flag))
     return;
   va_start (ap, fmt);
   vlog (img->log.debug, img->log.opaque, fmt, ap);

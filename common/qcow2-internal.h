@@ -227,5 +227,9 @@ void qcow2_error (struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 void qcow2_debug (struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
+/* A debug message of category FLAG (QCOW2_DEBUG_*). */
+void qcow2_debug_if (struct qcow2_image *img, unsigned flag,
+                     const char *fmt, ...)
+  __attribute__ ((format (printf, 3, 4)));
 
 #endif /* QCOW2_INTERNAL_H */

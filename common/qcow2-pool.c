@@ -143,6 +143,7 @@ qcow2_pool_submit (struct qcow2_pool *pool, struct qcow2_batch *batch)
 {
   batch->next = 0;
   batch->done = 0;
+  batch->run_by_waiter = 0;
   batch->queue_next = NULL;
   batch->queued = 0;
   if (batch->count == 0)
@@ -193,6 +194,7 @@ qcow2_pool_wait (struct qcow2_pool *pool, struct qcow2_batch *batch,
     batch->run (batch->arg, index, caller_state);
     pthread_mutex_lock (&pool->lock);
     batch->done++;
+    batch->run_by_waiter++;
   }
   while (batch->done < batch->count)
     pthread_cond_wait (&pool->job_done, &pool->lock);

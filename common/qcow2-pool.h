@@ -24,6 +24,7 @@ struct qcow2_batch {
   /* Owned by the pool. */
   size_t next;                  /* next index to hand out */
   size_t done;                  /* jobs finished */
+  size_t run_by_waiter;         /* of those, run by qcow2_pool_wait's caller */
   struct qcow2_batch *queue_next;
   int queued;
 };

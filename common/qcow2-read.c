@@ -339,6 +339,12 @@ chunk_finish (struct qcow2_reader *reader, struct request *req,
   if (c->in_flight) {
     qcow2_pool_wait (reader->pool, &c->batch, &req->caller);
     c->in_flight = false;
+    qcow2_debug_if (reader->img, QCOW2_DEBUG_POOL,
+                    "pool: %zu clusters in %zu jobs, %zu run by the calling "
+                    "thread, %zu by %u workers", c->njobs, c->batch.count,
+                    c->batch.run_by_waiter,
+                    c->batch.count - c->batch.run_by_waiter,
+                    qcow2_pool_threads (reader->pool));
     if (atomic_load (&c->failed)) {
       qcow2_error (reader->img, "%s", c->errmsg);
       r = -EIO;
@@ -501,6 +507,12 @@ readahead (struct qcow2_reader *reader, struct request *req,
   if (c->in_flight) {
     qcow2_pool_wait (reader->pool, &c->batch, &req->caller);
     c->in_flight = false;
+    qcow2_debug_if (reader->img, QCOW2_DEBUG_POOL,
+                    "pool: %zu clusters in %zu jobs, %zu run by the calling "
+                    "thread, %zu by %u workers", c->njobs, c->batch.count,
+                    c->batch.run_by_waiter,
+                    c->batch.count - c->batch.run_by_waiter,
+                    qcow2_pool_threads (reader->pool));
   }
   c->njobs = 0;
 
@@ -570,6 +582,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
   const uint64_t end = offset + count;
   uint64_t entries[ENTRY_BATCH];
   uint64_t pos = offset;
+  uint64_t kinds[4] = { 0 }, cache_hits = 0;
   struct request *req;
   int r = 0, r2;
 
@@ -606,6 +619,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
       r = qcow2_classify (img, first + i, entries[i], &map);
       if (r < 0)
         break;
+      kinds[map.kind]++;
       switch (map.kind) {
       case CLUSTER_UNALLOCATED:
         if (dst && img->backing) {
@@ -629,8 +643,10 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
          * through the cache, for the reads of its other parts.
          */
         if (qcow2_cache_get (img->cluster_cache, map.l2_entry, lo - cstart,
-                             dst, dst ? hi - lo : 0))
+                             dst, dst ? hi - lo : 0)) {
+          cache_hits++;
           break;
+        }
         if (dst && hi - lo == cluster_size) {
           r = add_compressed (reader, req, io, &map, cstart, dst,
                               0, cluster_size);
@@ -658,6 +674,15 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
       (offset & (cluster_size - 1)) < count)
     readahead (reader, req, io, ((end - 1) >> bits) + 1);
   atomic_store (&reader->last_end, end);
+  qcow2_debug_if (img, QCOW2_DEBUG_MAP,
+                  "%s 0x%" PRIx64 "+%" PRIu64 ": %" PRIu64 " unallocated%s, %"
+                  PRIu64 " zero, %" PRIu64 " normal, %" PRIu64 " compressed (%"
+                  PRIu64 " from the cluster cache)%s",
+                  buf ? "read" : "cache", offset, count,
+                  kinds[CLUSTER_UNALLOCATED],
+                  img->backing ? " (from the backing file)" : "",
+                  kinds[CLUSTER_ZERO], kinds[CLUSTER_NORMAL],
+                  kinds[CLUSTER_COMPRESSED], cache_hits, r ? ": failed" : "");
   /* Whatever happened, no chunk may still be in the pool's hands. */
   r2 = chunk_finish (reader, req, &req->chunk[0]);
   if (r == 0)

@@ -617,6 +617,9 @@ qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
 
   if (r < 0 || count == 0)
     return r;
+  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "write 0x%" PRIx64 "+%" PRIu64 "%s%s",
+                  offset, count, img->opts.compress ? " (compressing)" : "",
+                  fua ? " FUA" : "");
   if (img->opts.compress) {
     r = write_compressed (reader, io, buf, count, offset);
     if (r == 0 && fua)

@@ -31,7 +31,13 @@ struct qcow2_options {
   const char *image_dir;          /* where relative backing names start */
   unsigned backing_depth;         /* 0; the engine counts the chain */
   bool growable;                  /* writes may extend the storage */
+  unsigned debug;                 /* QCOW2_DEBUG_* bits */
 };
+
+/* What qcow2_log.debug receives. */
+#define QCOW2_DEBUG_IMAGE 1u      /* opening: header, extensions, backing */
+#define QCOW2_DEBUG_MAP   2u      /* each request: its clusters by kind */
+#define QCOW2_DEBUG_POOL  4u      /* each batch: who ran its jobs */
 
 /* What qcow2_create makes. */
 struct qcow2_create_options {

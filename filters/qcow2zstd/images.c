@@ -39,8 +39,7 @@ log_error (void *opaque, const char *msg)
 static void
 log_debug (void *opaque, const char *msg)
 {
-  if (qcow2zstd_debug_image)
-    nbdkit_debug ("qcow2zstd: %s", msg);
+  nbdkit_debug ("qcow2zstd: %s", msg);
 }
 
 static const struct qcow2_log engine_log = {
@@ -181,26 +180,6 @@ images_acquire (nbdkit_next *next, const char *exportname, bool writable)
   return s;
 }
 
-static void
-log_stats (struct qcow2_image *img, const char *exportname)
-{
-  struct qcow2_stats s;
-
-  if (!qcow2zstd_debug_stats)
-    return;
-  qcow2_image_get_stats (img, &s);
-  nbdkit_debug ("qcow2zstd: stats for export '%s': %" PRIu64 " clusters "
-                "decompressed, cluster cache %" PRIu64 " hits %" PRIu64
-                " misses %" PRIu64 " evictions, L2 cache %" PRIu64 " hits %"
-                PRIu64 " misses %" PRIu64 " evictions, %" PRIu64 " bytes in %"
-                PRIu64 " reads underneath", exportname,
-                s.clusters_decompressed,
-                s.cluster_cache_hits, s.cluster_cache_misses,
-                s.cluster_cache_evictions,
-                s.l2_cache_hits, s.l2_cache_misses, s.l2_cache_evictions,
-                s.bytes_read_underneath, s.reads_underneath);
-}
-
 void
 images_release (struct shared_image *shared, nbdkit_next *next)
 {
@@ -213,7 +192,7 @@ images_release (struct shared_image *shared, nbdkit_next *next)
       /* Errors were logged; what is on disk is consistent either way. */
       qcow2_flush (shared->engine, &io);
     }
-    log_stats (shared->engine, shared->exportname);
+    params_log_stats (shared->engine, shared->exportname);
     qcow2_image_close (shared->engine);
     for (link = &images; *link != shared; link = &(*link)->next)
       ;

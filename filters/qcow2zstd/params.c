@@ -19,6 +19,12 @@
 #include "params.h"
 #include "qcow2-codec.h"
 
+/* -D qcow2zstd.FLAG=1 (see params.h). */
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_image;
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_map;
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_pool;
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_stats;
+
 struct qcow2_options engine_options = {
   .threads = 0,                 /* set in params_complete */
   .request_size = QCOW2_DEFAULT_REQUEST_SIZE,
@@ -244,9 +250,37 @@ params_complete (void)
       return -1;
     }
   }
+  /* nbdkit sets the -D flags before configuring. */
+  engine_options.debug =
+    (qcow2zstd_debug_image ? QCOW2_DEBUG_IMAGE : 0) |
+    (qcow2zstd_debug_map ? QCOW2_DEBUG_MAP : 0) |
+    (qcow2zstd_debug_pool ? QCOW2_DEBUG_POOL : 0);
   /* Compression is what creating an image is for; an existing image is
    * written the way qemu writes it unless asked.
    */
   engine_options.compress = compress_param == -1 ? create_requested : compress_param;
   return 0;
+}
+
+void
+params_log_stats (struct qcow2_image *img, const char *exportname)
+{
+  struct qcow2_stats s;
+
+  if (!qcow2zstd_debug_stats)
+    return;
+  qcow2_image_get_stats (img, &s);
+  nbdkit_debug ("qcow2zstd: stats for export '%s': %" PRIu64 " clusters "
+                "decompressed, cluster cache %" PRIu64 " hits %" PRIu64
+                " misses %" PRIu64 " evictions (%.0f%% hits), L2 cache %"
+                PRIu64 " hits %" PRIu64 " misses %" PRIu64 " evictions, %"
+                PRIu64 " bytes in %" PRIu64 " reads underneath", exportname,
+                s.clusters_decompressed,
+                s.cluster_cache_hits, s.cluster_cache_misses,
+                s.cluster_cache_evictions,
+                s.cluster_cache_hits + s.cluster_cache_misses
+                ? 100.0 * s.cluster_cache_hits /
+                  (s.cluster_cache_hits + s.cluster_cache_misses) : 0.0,
+                s.l2_cache_hits, s.l2_cache_misses, s.l2_cache_evictions,
+                s.bytes_read_underneath, s.reads_underneath);
 }

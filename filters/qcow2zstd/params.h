@@ -9,10 +9,14 @@
 
 #include "qcow2.h"
 
-/* -D qcow2zstd.image=1: engine messages while opening the image.
- * -D qcow2zstd.stats=1: a statistics line when an image is closed.
+/* -D qcow2zstd.image=1: opening an image: header, extensions, backing.
+ * -D qcow2zstd.map=1: each request: its clusters by kind, cache hits.
+ * -D qcow2zstd.pool=1: each batch: jobs run by the caller and the workers.
+ * -D qcow2zstd.stats=1: counters and cache hit rates when an image closes.
  */
 extern int qcow2zstd_debug_image;
+extern int qcow2zstd_debug_map;
+extern int qcow2zstd_debug_pool;
 extern int qcow2zstd_debug_stats;
 
 /* params.c: the parameters, settled by params_complete. */
@@ -27,6 +31,7 @@ extern struct qcow2_create_options create_options;
 int params_config (const char *key, const char *value);
 int params_complete (void);
 void params_dump_if_asked (void);
+void params_log_stats (struct qcow2_image *img, const char *name);
 
 #define PARAMS_HELP \
   "qcow2-threads=N                Threads (de)compressing each request (default: CPUs).\n" \

@@ -14,8 +14,6 @@
 
 #include "qcow2zstd.h"
 
-NBDKIT_DLL_PUBLIC int qcow2zstd_debug_image;
-NBDKIT_DLL_PUBLIC int qcow2zstd_debug_stats;
 
 struct handle {
   char *exportname;

@@ -23,8 +23,6 @@
 #include "params.h"
 #include "qcow2-fileio.h"
 
-NBDKIT_DLL_PUBLIC int qcow2zstd_debug_image;
-NBDKIT_DLL_PUBLIC int qcow2zstd_debug_stats;
 
 static char *filename;
 
@@ -51,8 +49,7 @@ log_error (void *opaque, const char *msg)
 static void
 log_debug (void *opaque, const char *msg)
 {
-  if (qcow2zstd_debug_image)
-    nbdkit_debug ("qcow2zstd: %s", msg);
+  nbdkit_debug ("qcow2zstd: %s", msg);
 }
 
 static const struct qcow2_log engine_log = {
@@ -188,6 +185,7 @@ qcow2zstd_close (void *handle)
   pthread_mutex_lock (&image_lock);
   if (--users == 0) {
     qcow2_flush (image, &file_io);
+    params_log_stats (image, filename);
     qcow2_image_close (image);
     image = NULL;
     qcow2_fileio_close (&file_io);
