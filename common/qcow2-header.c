@@ -236,10 +236,10 @@ qcow2_header_check_features (const struct qcow2_header *h,
     return fail (errbuf, errlen,
                  "incompatible_features: images with an external data file "
                  "are not supported");
-  if (h->extended_l2)
+  if (h->extended_l2 && h->cluster_bits < 14)
     return fail (errbuf, errlen,
-                 "incompatible_features: images with extended L2 entries "
-                 "(subclusters) are not supported");
+                 "incompatible_features: extended L2 entries need clusters "
+                 "of 16 KiB at least (cluster_bits %u)", h->cluster_bits);
   if (h->backing_file_offset != 0)
     return fail (errbuf, errlen,
                  "backing_file_offset: images with a backing file are not "

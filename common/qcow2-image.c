@@ -143,6 +143,12 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
                  "or serve it read-only (nbdkit -r)");
     return -EROFS;
   }
+  if (h->extended_l2) {
+    qcow2_error (img, "incompatible_features: images with extended L2 "
+                 "entries (subclusters) can be read but not written; serve "
+                 "them read-only (nbdkit -r)");
+    return -EROFS;
+  }
   if (h->incompatible_features & QCOW2_INCOMPAT_DIRTY) {
     qcow2_error (img, "incompatible_features: the dirty bit is set (the "
                  "refcounts may be stale) and the image cannot be written; "
@@ -410,6 +416,11 @@ qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
   }
   map->host_offset = offset;
 
+  if ((entry & L2E_ZERO) && h->extended_l2) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": the zero "
+                 "flag is reserved with extended L2 entries", guest);
+    return -EIO;
+  }
   if (entry & L2E_ZERO) {
     if (h->version < 3) {
       qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": the zero "
@@ -434,21 +445,55 @@ qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
 }
 
 int
+qcow2_check_bitmap (struct qcow2_image *img, uint64_t guest_cluster,
+                    const struct cluster_map *map, uint64_t bitmap)
+{
+  uint64_t guest = guest_cluster << img->header.cluster_bits;
+  uint32_t alloc = bitmap, zero = bitmap >> 32;
+
+  if (map->kind == CLUSTER_COMPRESSED && bitmap != 0) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": a compressed "
+                 "cluster with a subcluster bitmap (0x%016" PRIx64 ")",
+                 guest, bitmap);
+    return -EIO;
+  }
+  if (alloc & zero) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": subclusters "
+                 "both allocated and zero (bitmap 0x%016" PRIx64 ")",
+                 guest, bitmap);
+    return -EIO;
+  }
+  if (map->kind == CLUSTER_UNALLOCATED && alloc) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": allocated "
+                 "subclusters in a cluster without a host offset (bitmap "
+                 "0x%016" PRIx64 ")", guest, bitmap);
+    return -EIO;
+  }
+  return 0;
+}
+
+int
 qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
                   uint64_t first, size_t *n, uint64_t *entries,
-                  uint8_t *l2buf)
+                  uint64_t *bitmaps, uint8_t *l2buf)
 {
   const struct qcow2_header *h = &img->header;
+  const size_t esize = h->l2_entry_size;
   uint64_t l2_entries = UINT64_C (1) << h->l2_bits;
   uint64_t l1_index = first >> h->l2_bits;
   uint64_t l2_index = first & (l2_entries - 1);
   uint64_t l1e, l2_offset;
+  uint8_t raw[QCOW2_L2_BATCH * 16];
   size_t i, count = *n;
   int r;
 
   if (count > l2_entries - l2_index)
     count = l2_entries - l2_index;
+  if (count > QCOW2_L2_BATCH)
+    count = QCOW2_L2_BATCH;
   *n = count;
+  if (bitmaps)
+    memset (bitmaps, 0, count * sizeof *bitmaps);
 
   if (l1_index >= h->l1_size) {
     /* Cannot happen for offsets inside the virtual size (the header check
@@ -484,20 +529,26 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
   if (img->dirty_l2.count) {
     struct meta_table *t = tablemap_find (&img->dirty_l2, l2_offset);
     if (t) {
-      memcpy (entries, t->data + l2_index * 8, count * 8);
+      memcpy (raw, t->data + l2_index * esize, count * esize);
       goto convert;
     }
   }
-  if (!qcow2_cache_get (img->l2_cache, l2_offset, l2_index * 8,
-                        entries, count * 8)) {
+  if (!qcow2_cache_get (img->l2_cache, l2_offset, l2_index * esize,
+                        raw, count * esize)) {
     r = qcow2_pread_clamped (img, io, l2buf, h->cluster_size, l2_offset);
     if (r < 0)
       return r;
     qcow2_cache_put (img->l2_cache, l2_offset, l2buf);
-    memcpy (entries, l2buf + l2_index * 8, count * 8);
+    memcpy (raw, l2buf + l2_index * esize, count * esize);
   }
  convert:
-  for (i = 0; i < count; ++i)
-    entries[i] = be64 (&entries[i]);
+  /* Extended entries are the standard entry and then the subcluster
+   * bitmap.
+   */
+  for (i = 0; i < count; ++i) {
+    entries[i] = be64 (raw + i * esize);
+    if (bitmaps && esize == 16)
+      bitmaps[i] = be64 (raw + i * esize + 8);
+  }
   return 0;
 }

@@ -468,6 +468,51 @@ add_normal (struct qcow2_reader *reader, struct request *req,
   return r;
 }
 
+/* With extended L2 entries, read [LO, HI) of the cluster at CSTART
+ * (normal or unallocated, MAP) into DST subcluster by subcluster:
+ * allocated ones from the host cluster, zero ones as zeros, the rest from
+ * the backing file or as zeros.  Runs of alike subclusters go together.
+ */
+static int
+read_subclusters (struct qcow2_reader *reader, struct request *req,
+                  struct qcow2_io *io, const struct cluster_map *map,
+                  uint64_t bitmap, uint64_t cstart, uint64_t lo, uint64_t hi,
+                  uint8_t *dst)
+{
+  struct qcow2_image *img = reader->img;
+  const uint64_t sub_size = img->header.cluster_size / 32;
+  uint64_t pos = lo;
+  int r = 0;
+
+  while (pos < hi && r == 0) {
+    unsigned x = (pos - cstart) / sub_size;
+    bool allocated = bitmap & (UINT64_C (1) << x);
+    bool zero = bitmap & (UINT64_C (1) << (32 + x));
+    uint64_t end = cstart + (x + 1) * sub_size;
+    uint8_t *d = dst + (pos - lo);
+
+    /* Take in the following subclusters of the same kind. */
+    while (end < hi) {
+      unsigned y = (end - cstart) / sub_size;
+      if (!!(bitmap & (UINT64_C (1) << y)) != allocated ||
+          !!(bitmap & (UINT64_C (1) << (32 + y))) != zero)
+        break;
+      end += sub_size;
+    }
+    if (end > hi)
+      end = hi;
+    if (allocated)
+      r = add_normal (reader, req, io, map->host_offset + (pos - cstart),
+                      d, end - pos);
+    else if (!zero && img->backing)
+      r = qcow2_backing_read (img, d, end - pos, pos);
+    else
+      memset (d, 0, end - pos);
+    pos = end;
+  }
+  return r;
+}
+
 /* Guest bytes decoded ahead of a sequential reader. */
 #define READAHEAD_BYTES (256 * 1024)
 
@@ -522,7 +567,7 @@ readahead (struct qcow2_reader *reader, struct request *req,
     n = ENTRY_BATCH;
   if (n > last_cluster - first + 1)
     n = last_cluster - first + 1;
-  if (qcow2_l2_entries (img, io, first, &n, entries, req->l2buf) < 0)
+  if (qcow2_l2_entries (img, io, first, &n, entries, NULL, req->l2buf) < 0)
     goto out;
   for (i = 0; i < n && c->njobs < MAX_CHUNK_CLUSTERS; ++i) {
     struct cluster_map map;
@@ -580,7 +625,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t cluster_size = img->header.cluster_size;
   const uint64_t end = offset + count;
-  uint64_t entries[ENTRY_BATCH];
+  uint64_t entries[ENTRY_BATCH], bitmaps[ENTRY_BATCH];
   uint64_t pos = offset;
   uint64_t kinds[4] = { 0 }, cache_hits = 0;
   struct request *req;
@@ -608,7 +653,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
     size_t n = last - first + 1 < ENTRY_BATCH ? last - first + 1 : ENTRY_BATCH;
     size_t i;
 
-    r = qcow2_l2_entries (img, io, first, &n, entries, req->l2buf);
+    r = qcow2_l2_entries (img, io, first, &n, entries, bitmaps, req->l2buf);
     for (i = 0; i < n && r == 0; ++i) {
       uint64_t cstart = (first + i) << bits;
       uint64_t lo = pos > cstart ? pos : cstart;
@@ -617,9 +662,18 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
       struct cluster_map map;
 
       r = qcow2_classify (img, first + i, entries[i], &map);
+      if (r == 0 && img->header.extended_l2)
+        r = qcow2_check_bitmap (img, first + i, &map, bitmaps[i]);
       if (r < 0)
         break;
       kinds[map.kind]++;
+      if (img->header.extended_l2 && map.kind != CLUSTER_COMPRESSED) {
+        if (buf)
+          r = read_subclusters (reader, req, io, &map, bitmaps[i], cstart,
+                                lo, hi, buf + (lo - offset));
+        pos = hi;
+        continue;
+      }
       switch (map.kind) {
       case CLUSTER_UNALLOCATED:
         if (dst && img->backing) {
@@ -717,7 +771,7 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
   struct qcow2_image *img = reader->img;
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t end = offset + count;
-  uint64_t entries[ENTRY_BATCH];
+  uint64_t entries[ENTRY_BATCH], bitmaps[ENTRY_BATCH];
   uint64_t pos = offset, run_start = offset;
   bool run_zero = false;
   struct request *req;
@@ -738,29 +792,47 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
     size_t n = last - first + 1 < ENTRY_BATCH ? last - first + 1 : ENTRY_BATCH;
     size_t i;
 
-    r = qcow2_l2_entries (img, io, first, &n, entries, req->l2buf);
+    r = qcow2_l2_entries (img, io, first, &n, entries, bitmaps, req->l2buf);
     for (i = 0; i < n && r == 0 && fn_error == 0; ++i) {
+      uint64_t cstart = (first + i) << bits;
       uint64_t cend = (first + i + 1) << bits;
       uint64_t hi = end < cend ? end : cend;
+      /* Extended L2: subcluster by subcluster. */
+      uint64_t step = img->header.extended_l2 ? (cend - cstart) / 32 : hi - pos;
       struct cluster_map map;
-      bool zero;
 
       r = qcow2_classify (img, first + i, entries[i], &map);
+      if (r == 0 && img->header.extended_l2)
+        r = qcow2_check_bitmap (img, first + i, &map, bitmaps[i]);
       if (r < 0)
         break;
-      /* Without a backing file, unallocated reads as zeros; with one,
-       * it is the backing file's data, reported as data.
-       */
-      zero = map.kind == CLUSTER_ZERO ||
-        (map.kind == CLUSTER_UNALLOCATED && img->backing == NULL);
-      if (pos == offset)
-        run_zero = zero;
-      else if (zero != run_zero) {
-        fn_error = fn (opaque, run_start, pos - run_start, run_zero);
-        run_start = pos;
-        run_zero = zero;
+      while (pos < hi && fn_error == 0) {
+        uint64_t piece_end = cstart + ((pos - cstart) / step + 1) * step;
+        unsigned x = (pos - cstart) * 32 / (cend - cstart);
+        bool zero;
+
+        if (piece_end > hi || !img->header.extended_l2)
+          piece_end = hi;
+        /* Without a backing file, unallocated reads as zeros; with one,
+         * it is the backing file's data, reported as data.
+         */
+        if (img->header.extended_l2 && map.kind != CLUSTER_COMPRESSED) {
+          bool allocated = bitmaps[i] & (UINT64_C (1) << x);
+          zero = !allocated && ((bitmaps[i] & (UINT64_C (1) << (32 + x))) ||
+                                img->backing == NULL);
+        }
+        else
+          zero = map.kind == CLUSTER_ZERO ||
+            (map.kind == CLUSTER_UNALLOCATED && img->backing == NULL);
+        if (pos == offset)
+          run_zero = zero;
+        else if (zero != run_zero) {
+          fn_error = fn (opaque, run_start, pos - run_start, run_zero);
+          run_start = pos;
+          run_zero = zero;
+        }
+        pos = piece_end;
       }
-      pos = hi;
     }
   }
   if (fn_error)

@@ -661,7 +661,7 @@ zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
       cend = img->header.virtual_size;
     if (offset <= cstart && end >= cend)
       continue;                 /* whole: metadata only */
-    r = qcow2_l2_entries (img, io, gc, &n, &entry, img->wbuf);
+    r = qcow2_l2_entries (img, io, gc, &n, &entry, NULL, img->wbuf);
     if (r == 0)
       r = qcow2_classify (img, gc, entry, &map);
     if (r < 0)

@@ -337,8 +337,15 @@ expect_open_failure crypt-luks "$img" 'crypt_method'
 img=$(copy_image norm external-data-file); patch "$img" incompat-set 2
 expect_open_failure external-data-file "$img" 'incompatible_features: .*external data file'
 
-img=$(copy_image norm extended-l2); patch "$img" incompat-set 4
-expect_open_failure extended-l2 "$img" 'incompatible_features: .*extended L2'
+# Extended L2 entries are read, but only with clusters of 16 KiB or more;
+# writing them is refused.
+img=$(copy_image small extended-l2-small-clusters)
+patch "$img" be32 36 16       # an L1 table big enough for 16-byte entries
+patch "$img" incompat-set 4
+expect_open_failure extended-l2-small-clusters "$img" 'incompatible_features: .*extended L2'
+img=$(copy_image norm extended-l2-write); patch "$img" incompat-set 4
+OPEN_ERROR_PREFIX="" expect_open_failure extended-l2-write "$img" \
+    'incompatible_features: .*extended L2 .*can be read but not written'
 
 # A backing file that cannot be opened: refusing the image is the only
 # safe answer (serving the unallocated clusters as zeros would be

@@ -561,10 +561,16 @@ test_check_features (void)
   f.incompatible_features = QCOW2_INCOMPAT_DATA_FILE;
   features_case ("external data file", &f, "data file");
 
+  /* Extended L2 entries are read (not written); they need clusters of
+   * 16 KiB or more.
+   */
   f = valid_v3 ();
   f.incompatible_features = QCOW2_INCOMPAT_EXTL2;
   f.l1_size = 4;                /* 16-byte entries: 256 MiB per L2 table */
-  features_case ("extended L2", &f, "extended L2");
+  features_case ("extended L2", &f, NULL);
+  f.cluster_bits = 13;
+  f.l1_size = 2048;
+  features_case ("extended L2 with 8 KiB clusters", &f, "extended L2");
 
   f = valid_v3 ();
   f.backing_file_offset = 512;

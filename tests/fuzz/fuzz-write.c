@@ -97,7 +97,7 @@ refcounts_cover_references (struct qcow2_image *img, struct qcow2_io *io)
     for (j = 0; ok && j < n; j += 512) {
       size_t got = n - j < 512 ? n - j : 512;
       if (qcow2_l2_entries (img, io, (i << h->l2_bits) + j, &got, entries,
-                            l2) < 0) {
+                            NULL, l2) < 0) {
         ok = false;
         break;
       }
