@@ -81,9 +81,12 @@ trap _cleanup EXIT
 
 # Run nbdkit with the filter (and any extra arguments) through the
 # sanitizer environment if there is one.  Usage as for nbdkit itself.
+# No nbdkit of a test lives longer than NBDKIT_TIMEOUT seconds: a hang
+# (seen once in glibc's exit path under the sanitizer runtimes) fails the
+# test instead of stalling the whole run.
 run_nbdkit ()
 {
-    "${NBDKIT_ENV[@]}" nbdkit "$@"
+    timeout -k 10 "${NBDKIT_TIMEOUT:-900}" "${NBDKIT_ENV[@]}" nbdkit "$@"
 }
 
 # start_server SOCKET [NBDKIT ARGS...]: start nbdkit in the background

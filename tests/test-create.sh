@@ -109,7 +109,7 @@ expect_startup_error ()
 {
     local what=$1 pattern=$2
     shift 2
-    if run_nbdkit -U "$PWD/bad.sock" --filter="$FILTER" file new.qcow2 "$@" --run true 2> err.out; then
+    if NBDKIT_TIMEOUT=120 run_nbdkit -U "$PWD/bad.sock" --filter="$FILTER" file new.qcow2 "$@" --run true 2> err.out; then
         fail "$what: accepted"
     fi
     grep -q -- "$pattern" err.out || { cat err.out; fail "$what: no error naming $pattern"; }

@@ -78,7 +78,7 @@ bad_param ()
 {
     local param=$1 key=${1%%=*} rc=0
 
-    run_nbdkit -U "$T/bad.sock" --filter="$FILTER" file "$T/zstd.qcow2" \
+    NBDKIT_TIMEOUT=120 run_nbdkit -U "$T/bad.sock" --filter="$FILTER" file "$T/zstd.qcow2" \
         "$param" --run true >"$T/bad.out" 2>"$T/bad.err" || rc=$?
     if [ "$rc" -eq 0 ]; then
         echo "FAIL: $param: nbdkit accepted it" >&2
