@@ -31,6 +31,7 @@ qcow2zstd_install_deps ()
         # tests, demo and benchmark
         qemu-utils                      # qemu-img, qemu-io, qemu-nbd
         fio e2fsprogs
+        fuse3 fuse2fs                   # nbdfuse + fuse2fs mount test
         time                            # GNU /usr/bin/time for peak RSS
         valgrind
     )

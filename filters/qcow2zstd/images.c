@@ -148,6 +148,17 @@ open_engine (nbdkit_next *next, const char *exportname, bool writable,
   return 0;
 }
 
+void
+images_unload (void)
+{
+  while (created) {
+    struct created *c = created;
+    created = c->next;
+    free (c->exportname);
+    free (c);
+  }
+}
+
 struct shared_image *
 images_acquire (nbdkit_next *next, const char *exportname, bool writable)
 {

@@ -129,6 +129,13 @@ note_image_path (const char *key, const char *value)
   engine_options.image_dir = image_dir;
 }
 
+void
+params_unload (void)
+{
+  free (image_dir);
+  free ((char *) engine_options.backing_path);
+}
+
 int
 params_config (const char *key, const char *value)
 {

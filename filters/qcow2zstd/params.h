@@ -31,6 +31,7 @@ extern struct qcow2_create_options create_options;
 int params_config (const char *key, const char *value);
 int params_complete (void);
 void params_dump_if_asked (void);
+void params_unload (void);
 void params_log_stats (struct qcow2_image *img, const char *name);
 
 #define PARAMS_HELP \

@@ -28,6 +28,13 @@ qcow2zstd_load (void)
   params_dump_if_asked ();
 }
 
+static void
+qcow2zstd_unload (void)
+{
+  images_unload ();
+  params_unload ();
+}
+
 static int
 qcow2zstd_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
                   const char *key, const char *value)
@@ -341,6 +348,7 @@ static struct nbdkit_filter filter = {
   .name = "qcow2zstd",
   .longname = "nbdkit qcow2 filter (zlib and zstd, parallel)",
   .load = qcow2zstd_load,
+  .unload = qcow2zstd_unload,
   .config = qcow2zstd_config,
   .config_complete = qcow2zstd_config_complete,
   .config_help = qcow2zstd_config_help,

@@ -67,6 +67,7 @@ static void
 qcow2zstd_unload (void)
 {
   free (filename);
+  params_unload ();
 }
 
 static int

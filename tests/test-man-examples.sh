@@ -1,0 +1,326 @@
+#!/usr/bin/env bash
+# Every command of the EXAMPLES section of nbdkit-qcow2zstd-filter(1),
+# run as written, in order, with these substitutions only:
+#   --filter=qcow2zstd          -> --filter=$FILTER (the built filter)
+#   /tmp/disk.sock              -> $TMPDIR_TEST/disk.sock
+#   https://example.com/...     -> http://127.0.0.1:PORT/... (a local HTTP
+#                                  server with byte ranges)
+#   nbdkit                      -> run_nbdkit (the sanitizer wrapper)
+# and "-P PIDFILE" added to the commands that put nbdkit in the
+# background, so that the test can stop them.  nbdkit 1.32 leaves its
+# Unix socket behind when it exits, and refuses to start on an existing
+# one ("Address already in use"), so the socket of the previous example
+# is removed before each server starts.  disk.qcow2, disk.raw,
+# out.qcow2 and new-data.raw are files in the test's directory.  After
+# each example the result is checked against the source.  One line per
+# example.
+source "${top_srcdir:-.}/tests/functions.sh"
+requires nbdcopy nbdinfo qemu-io cmp md5sum awk
+PYTHON=/usr/bin/python3
+
+T=$TMPDIR_TEST
+cd "$T"
+SOCK=$T/disk.sock
+URI="nbd+unix:///?socket=$SOCK"
+
+# daemon_started PIDFILE: after an nbdkit command that forked into the
+# background: wait for its pidfile, remember the pid for the cleanup.
+daemon_started ()
+{
+    local i
+    for i in $(seq 300); do
+        [ -s "$1" ] && break
+        sleep 0.1
+    done
+    [ -s "$1" ] || fail "nbdkit wrote no pidfile $1"
+    DAEMON_PID=$(cat "$1")
+    _pids+=("$DAEMON_PID")
+}
+
+# daemon_stop: stop the background nbdkit and wait until it has exited
+# (and so written its metadata).
+daemon_stop ()
+{
+    kill "$DAEMON_PID" 2>/dev/null || true
+    local i
+    for i in $(seq 300); do
+        kill -0 "$DAEMON_PID" 2>/dev/null || { DAEMON_PID=; return 0; }
+        sleep 0.1
+    done
+    fail "nbdkit $DAEMON_PID did not exit within 30 s"
+}
+
+check_clean ()
+{
+    qemu-img check "$1" > check.out 2>&1 || { cat check.out; fail "$2: qemu-img check failed"; }
+    grep -q "No errors were found" check.out || { cat check.out; fail "$2: qemu-img check found problems"; }
+}
+
+# The default NBD port, for the examples without -U.  If something
+# already listens there, those examples get "-p PORT" with a free port
+# (said in their line).
+free_port ()
+{
+    $PYTHON - "$1" <<'EOF'
+import socket, sys
+want = int(sys.argv[1])
+def free(p):
+    try:
+        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", p)); s.close(); return True
+    except OSError:
+        return False
+if want and free(want):
+    print(want)
+else:
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()
+EOF
+}
+
+# The disk: 16 MiB of random data, text, written zeros and holes.
+$PYTHON - <<'EOF'
+import random
+rng = random.Random(3)
+size = 16 << 20
+words = [b"man", b"page", b"example", b"qcow2", b"zstd", b"disk", b"\n"]
+out = bytearray()
+while len(out) < size:
+    k = rng.randrange(4)
+    n = rng.randrange(1, 400000)
+    if k == 0:
+        out += rng.randbytes(n)
+    elif k == 1:
+        out += b" ".join(rng.choice(words) for _ in range(n // 6))
+    else:
+        out += bytes(n)
+open("src.raw", "wb").write(out[:size])
+text = b"".join(b"new data line %08d\n" % i for i in range(250000))
+open("new-data.raw", "wb").write(text[:4 << 20])
+EOF
+qemu-img convert -f raw -O qcow2 -c -o compression_type=zstd src.raw disk.qcow2
+
+# ----------------------------------------------------------------- 1
+# nbdkit -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2
+# nbdcopy 'nbd+unix:///?socket=/tmp/disk.sock' disk.raw
+rm -f "$SOCK"
+run_nbdkit -U "$SOCK" --filter="$FILTER" file disk.qcow2 -P "$T/1.pid"
+daemon_started "$T/1.pid"
+nbdcopy "nbd+unix:///?socket=$SOCK" disk.raw
+cmp disk.raw src.raw || fail "example 1: disk.raw differs from the source"
+echo "example 1 (serve on a socket, nbdcopy to disk.raw): identical"
+
+# ----------------------------------------------------------------- 3
+# (with the server of example 1 still running)
+# qemu-img convert -f raw 'nbd+unix:///?socket=/tmp/disk.sock' -O raw disk.raw
+# nbdinfo --map 'nbd+unix:///?socket=/tmp/disk.sock'
+rm -f disk.raw
+qemu-img convert -f raw "nbd+unix:///?socket=$SOCK" \
+        -O raw disk.raw
+cmp disk.raw src.raw || fail "example 3: qemu-img convert differs from the source"
+nbdinfo --map "nbd+unix:///?socket=$SOCK" > map.out || fail "example 3: nbdinfo --map failed"
+# The map covers the disk without gaps, has data and holes, and every
+# hole reads as zeros in the source.
+$PYTHON - map.out src.raw <<'EOF' || { cat map.out; fail "example 3: nbdinfo --map is wrong"; }
+import sys
+src = open(sys.argv[2], "rb").read()
+pos = 0
+kinds = set()
+for line in open(sys.argv[1]):
+    f = line.split()
+    off, length, typ = int(f[0]), int(f[1]), int(f[2])
+    assert off == pos, "gap or overlap at %d" % off
+    if typ & 1:
+        assert src[off:off + length] == bytes(length), "hole at %d is not zero in the source" % off
+        kinds.add("hole")
+    else:
+        kinds.add("data")
+    pos = off + length
+assert pos == len(src), "map ends at %d" % pos
+assert kinds == {"hole", "data"}, kinds
+EOF
+daemon_stop
+echo "example 3 (qemu-img convert from the socket; nbdinfo --map): identical; map complete, holes are zeros"
+
+# ----------------------------------------------------------------- 2
+# nbdkit --filter=qcow2zstd file disk.qcow2 \
+#        --run 'nbdcopy "$uri" disk.raw'
+rm -f disk.raw
+# shellcheck disable=SC2016
+run_nbdkit --filter="$FILTER" file disk.qcow2 \
+       --run 'nbdcopy "$uri" disk.raw' || fail "example 2: nbdkit --run failed"
+cmp disk.raw src.raw || fail "example 2: disk.raw differs from the source"
+echo "example 2 (nbdkit --run 'nbdcopy \"\$uri\" disk.raw'): identical"
+
+# ----------------------------------------------------------------- 4
+# truncate -s +2G disk.qcow2
+# nbdkit -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2
+# qemu-io -f raw -c 'write -P 0xab 0 1M' \
+#         'nbd+unix:///?socket=/tmp/disk.sock'
+# nbdcopy new-data.raw 'nbd+unix:///?socket=/tmp/disk.sock'
+truncate -s +2G disk.qcow2
+rm -f "$SOCK"
+run_nbdkit -U "$SOCK" --filter="$FILTER" file disk.qcow2 -P "$T/4.pid"
+daemon_started "$T/4.pid"
+qemu-io -f raw -c 'write -P 0xab 0 1M' \
+        "nbd+unix:///?socket=$SOCK" > io.out || { cat io.out; fail "example 4: qemu-io write failed"; }
+# (not in the example: check the pattern before nbdcopy overwrites it)
+qemu-io -f raw -r -c 'read -P 0xab 0 1M' "$URI" > io.out || { cat io.out; fail "example 4: the 0xab pattern does not read back"; }
+nbdcopy new-data.raw "nbd+unix:///?socket=$SOCK" || fail "example 4: nbdcopy new-data.raw failed"
+daemon_stop
+cp src.raw expect.raw
+dd if=new-data.raw of=expect.raw conv=notrunc status=none
+check_clean disk.qcow2 "example 4"
+qemu-img compare -q -f qcow2 -F raw disk.qcow2 expect.raw || fail "example 4: disk.qcow2 does not hold the writes"
+echo "example 4 (truncate +2G, serve writable, qemu-io write, nbdcopy in): pattern read back, check clean, disk as expected"
+
+# ----------------------------------------------------------------- 5
+# truncate -s 12G out.qcow2
+# nbdkit -U - --filter=qcow2zstd file out.qcow2 qcow2-create=10G \
+#        --run 'nbdcopy disk.raw "$uri"'
+# qemu-img check out.qcow2
+# truncate -s "$(qemu-img check out.qcow2 |
+#                awk '/Image end offset/ {print $4}')" out.qcow2
+truncate -s 12G out.qcow2
+# shellcheck disable=SC2016
+run_nbdkit -U - --filter="$FILTER" file out.qcow2 qcow2-create=10G \
+       --run 'nbdcopy disk.raw "$uri"' || fail "example 5: creating out.qcow2 failed"
+qemu-img check out.qcow2 > check5.out || { cat check5.out; fail "example 5: qemu-img check failed"; }
+truncate -s "$(qemu-img check out.qcow2 |
+               awk '/Image end offset/ {print $4}')" out.qcow2
+grep -q "No errors were found" check5.out || { cat check5.out; fail "example 5: check found problems"; }
+grep -Eq '[1-9][0-9.]*% compressed clusters' check5.out || { cat check5.out; fail "example 5: nothing compressed"; }
+end=$(awk '/Image end offset/ {print $4}' check5.out)
+[ "$(stat -c %s out.qcow2)" = "$end" ] || fail "example 5: out.qcow2 was not cut at $end"
+[ "$end" -lt $((16 << 20)) ] || fail "example 5: the image ($end bytes) is not smaller than the disk data"
+check_clean out.qcow2 "example 5, after the cut"
+qemu-img info out.qcow2 > info.out
+grep -q "virtual size: 10 GiB" info.out || { cat info.out; fail "example 5: virtual size is not 10G"; }
+grep -q "compression type: zstd" info.out || { cat info.out; fail "example 5: not zstd"; }
+qemu-img compare -q -f qcow2 -F raw out.qcow2 disk.raw || fail "example 5: out.qcow2 differs from disk.raw"
+echo "example 5 (qcow2-create=10G in a 12G file, nbdcopy in, check, cut to $end bytes): zstd, check clean, identical"
+
+# ----------------------------------------------------------------- 6
+# nbdkit -U - --filter=qcow2zstd file out.qcow2 qcow2-create=10G \
+#        qcow2-compression-type=zlib qcow2-cluster-size=2M \
+#        qcow2-compression-level=9 --run 'nbdcopy disk.raw "$uri"'
+# Right after example 5, out.qcow2 holds an image (and was cut to its
+# end): the command is refused, and out.qcow2 is left as it is.
+sum=$(md5sum < out.qcow2)
+# shellcheck disable=SC2016
+if run_nbdkit -U - --filter="$FILTER" file out.qcow2 qcow2-create=10G \
+       qcow2-compression-type=zlib qcow2-cluster-size=2M \
+       qcow2-compression-level=9 --run 'nbdcopy disk.raw "$uri"' 2> ex6.err; then
+    fail "example 6 after example 5: formatted an existing image"
+fi
+grep -Eq "qcow2-create: .*(first cluster|too small)" ex6.err ||
+    { cat ex6.err; fail "example 6 after example 5: no qcow2-create message saying why"; }
+why=$(grep -o "qcow2-create: [^;]*" ex6.err | head -1)
+[ "$(md5sum < out.qcow2)" = "$sum" ] || fail "example 6 after example 5: out.qcow2 was changed"
+# On a new sparse file, as in example 5 ("the same"), it works.
+rm -f out.qcow2
+truncate -s 12G out.qcow2
+# shellcheck disable=SC2016
+run_nbdkit -U - --filter="$FILTER" file out.qcow2 qcow2-create=10G \
+       qcow2-compression-type=zlib qcow2-cluster-size=2M \
+       qcow2-compression-level=9 --run 'nbdcopy disk.raw "$uri"' || fail "example 6: creating failed"
+check_clean out.qcow2 "example 6"
+grep -Eq '[1-9][0-9.]*% compressed clusters' check.out || { cat check.out; fail "example 6: nothing compressed"; }
+qemu-img info out.qcow2 > info.out
+grep -q "compression type: zlib" info.out || { cat info.out; fail "example 6: not zlib"; }
+grep -q "cluster_size: 2097152" info.out || { cat info.out; fail "example 6: clusters are not 2M"; }
+qemu-img compare -q -f qcow2 -F raw out.qcow2 disk.raw || fail "example 6: out.qcow2 differs from disk.raw"
+echo "example 6 (zlib, 2M clusters, level 9): on a fresh 12G file zlib/2M, check clean, identical; run right after example 5 it is refused ($why), file unchanged"
+
+# ----------------------------------------------------------------- 7
+# nbdkit -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2 \
+#        qcow2-compress=true
+qemu-img check disk.qcow2 > before7.out 2>&1 || true
+before=$(grep -Eo '[0-9.]+% compressed clusters' before7.out | cut -d% -f1)
+rm -f "$SOCK"
+run_nbdkit -U "$SOCK" --filter="$FILTER" file disk.qcow2 \
+       qcow2-compress=true -P "$T/7.pid"
+daemon_started "$T/7.pid"
+# Write 8 MiB of text (whole 64k clusters) at 0: it gets compressed.
+$PYTHON -c 'import sys; sys.stdout.buffer.write(b"".join(b"compressed by the filter %08d\n" % i for i in range(300000))[:8 << 20])' > text8.raw
+nbdcopy text8.raw "$URI"
+daemon_stop
+# nbdcopy wrote text8.raw at 0, over what example 4 wrote: the expected
+# disk is text8 over the first 8 MiB and the source after.
+cp src.raw expect.raw
+dd if=text8.raw of=expect.raw conv=notrunc status=none
+check_clean disk.qcow2 "example 7"
+after=$(grep -Eo '[0-9.]+% compressed clusters' check.out | cut -d% -f1)
+$PYTHON -c "import sys; sys.exit(0 if float('$after') > float('$before') + 10 else 1)" ||
+    fail "example 7: compressed clusters went from $before% to $after% only"
+qemu-img compare -q -f qcow2 -F raw disk.qcow2 expect.raw || fail "example 7: disk.qcow2 differs"
+echo "example 7 (qcow2-compress=true, nbdcopy 8 MiB of text): compressed clusters $before% -> $after%, check clean, identical"
+
+# ----------------------------------------------------------------- 8
+# nbdkit -r --filter=qcow2zstd curl https://example.com/disk.qcow2 \
+#        qcow2-request-size=16M qcow2-threads=4
+qemu-img convert -f qcow2 -O raw disk.qcow2 now.raw
+if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
+    echo "example 8 (curl): skipped: nbdkit has no curl plugin (in Debian 12 it is part of the nbdkit package)"
+else
+    rm -f port http.log
+    $PYTHON "$top_srcdir/tests/http-range-server.py" "$T" "$T/port" "$T/http.log" 2> http.err &
+    http_pid=$!
+    _pids+=("$http_pid")
+    for _ in $(seq 100); do [ -s port ] && break; sleep 0.1; done
+    [ -s port ] || { cat http.err; fail "example 8: the local HTTP server did not start"; }
+    url="http://127.0.0.1:$(cat port)/disk.qcow2"
+    p=$(free_port 10809)
+    porttxt="default port 10809"
+    portarg=()
+    if [ "$p" != 10809 ]; then portarg=(-p "$p"); porttxt="port 10809 busy, -p $p"; fi
+    run_nbdkit -r --filter="$FILTER" curl "$url" \
+           qcow2-request-size=16M qcow2-threads=4 "${portarg[@]}" -P "$T/8.pid"
+    daemon_started "$T/8.pid"
+    nbdcopy "nbd://localhost:$p" curl.raw || fail "example 8: nbdcopy from nbd://localhost:$p failed"
+    daemon_stop
+    kill "$http_pid"
+    cmp curl.raw now.raw || fail "example 8: the disk read over HTTP differs"
+    grep -q ' bytes=' http.log || fail "example 8: no range request reached the HTTP server"
+    echo "example 8 (curl over HTTP with ranges, qcow2-request-size=16M qcow2-threads=4, $porttxt): identical"
+fi
+
+# ----------------------------------------------------------------- 9
+# nbdkit -f -v -D qcow2zstd.image=1 -D qcow2zstd.stats=1 \
+#        -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2
+rm -f "$SOCK"
+run_nbdkit -f -v -D qcow2zstd.image=1 -D qcow2zstd.stats=1 \
+       -U "$SOCK" --filter="$FILTER" file disk.qcow2 2> ex9.log &
+ex9=$!
+_pids+=("$ex9")
+for _ in $(seq 300); do [ -S "$SOCK" ] && break; sleep 0.1; done
+[ -S "$SOCK" ] || { cat ex9.log; fail "example 9: nbdkit did not start"; }
+nbdcopy "$URI" ex9.raw
+cmp ex9.raw now.raw || fail "example 9: read differs"
+kill "$ex9"
+wait "$ex9" 2>/dev/null || true
+grep -q "qcow2zstd: qcow2 v3, cluster size 65536, virtual size $((16 << 20)), zstd compression" ex9.log ||
+    { grep qcow2zstd ex9.log; fail "example 9: no image summary in the log"; }
+grep -Eq "qcow2zstd: stats for export '.*': [0-9]+ clusters decompressed" ex9.log ||
+    { grep qcow2zstd ex9.log; fail "example 9: no stats line in the log"; }
+echo "example 9 (-f -v -D qcow2zstd.image=1 -D qcow2zstd.stats=1): image summary and stats line logged, read identical"
+
+# ---------------------------------------------------------------- 10
+# nbdkit --filter=./filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so \
+#        file disk.qcow2
+# Run from the top of the build tree, where that path is.
+if [ ! -f "$top_builddir/filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so" ]; then
+    echo "example 10: skipped: no filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so under $top_builddir"
+else
+    p=$(free_port 10809)
+    porttxt="default port 10809"
+    portarg=()
+    if [ "$p" != 10809 ]; then portarg=(-p "$p"); porttxt="port 10809 busy, -p $p"; fi
+    (cd "$top_builddir" &&
+     run_nbdkit --filter=./filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so \
+            file "$T/disk.qcow2" "${portarg[@]}" -P "$T/10.pid") || fail "example 10: nbdkit failed to start"
+    daemon_started "$T/10.pid"
+    nbdcopy "nbd://localhost:$p" ex10.raw || fail "example 10: nbdcopy from nbd://localhost:$p failed"
+    daemon_stop
+    cmp ex10.raw now.raw || fail "example 10: read differs"
+    echo "example 10 (--filter=./filters/qcow2zstd/.libs/... from the build tree, $porttxt): identical"
+fi
