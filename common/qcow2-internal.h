@@ -91,6 +91,7 @@ struct qcow2_image {
    */
   _Atomic uint64_t free_generation;
 
+  _Atomic unsigned active_reads;      /* reads in progress, all readers */
   _Atomic uint64_t clusters_decompressed;
   _Atomic uint64_t bytes_read_underneath;
   _Atomic uint64_t reads_underneath;

@@ -201,6 +201,18 @@ qcow2_pool_wait (struct qcow2_pool *pool, struct qcow2_batch *batch,
   pthread_mutex_unlock (&pool->lock);
 }
 
+void
+qcow2_pool_run_here (struct qcow2_batch *batch, void *state)
+{
+  size_t i;
+
+  batch->queued = 0;
+  batch->queue_next = NULL;
+  for (i = 0; i < batch->count; ++i)
+    batch->run (batch->arg, i, state);
+  batch->next = batch->done = batch->run_by_waiter = batch->count;
+}
+
 unsigned
 qcow2_pool_threads (const struct qcow2_pool *pool)
 {

@@ -44,6 +44,12 @@ void qcow2_pool_free (struct qcow2_pool *pool);
 /* Hand BATCH to the workers and return at once. */
 void qcow2_pool_submit (struct qcow2_pool *pool, struct qcow2_batch *batch);
 
+/* Run every job of BATCH on this thread with STATE, without the workers:
+ * when enough other requests already keep the CPUs busy, handing jobs
+ * over only costs wake-ups.
+ */
+void qcow2_pool_run_here (struct qcow2_batch *batch, void *state);
+
 /* Run the batch's unclaimed jobs on this thread with CALLER_STATE, then
  * wait until every job of the batch has finished.
  */

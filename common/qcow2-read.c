@@ -380,6 +380,16 @@ chunk_flush (struct qcow2_reader *reader, struct request *req,
   c->batch.run = run_job;
   c->batch.arg = c;
   c->batch.count = (c->njobs + c->clusters_per_job - 1) / c->clusters_per_job;
+
+  /* As many reads in progress as there are threads to decode: they keep
+   * the CPUs busy already, so decode here rather than wake workers.
+   */
+  if (atomic_load_explicit (&img->active_reads, memory_order_relaxed) >
+      qcow2_pool_threads (reader->pool)) {
+    qcow2_pool_run_here (&c->batch, &req->caller);
+    c->in_flight = true;        /* chunk_finish collects the error */
+    return chunk_finish (reader, req, c);
+  }
   c->in_flight = true;
   qcow2_pool_submit (reader->pool, &c->batch);
 
@@ -645,6 +655,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
     return -ENOMEM;
   req->cur = 0;
   req->run_len = 0;
+  atomic_fetch_add_explicit (&img->active_reads, 1, memory_order_relaxed);
   pthread_rwlock_rdlock (&img->lock);
 
   while (pos < end && r == 0) {
@@ -745,6 +756,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
   if (r == 0)
     r = r2;
   pthread_rwlock_unlock (&img->lock);
+  atomic_fetch_sub_explicit (&img->active_reads, 1, memory_order_relaxed);
   qcow2_request_put (reader, req);
   return r;
 }
