@@ -1,0 +1,333 @@
+#!/usr/bin/env bash
+# Write benchmark: 4 KiB random writes and 1 MiB sequential writes through
+# the qcow2zstd filter (nbdkit file) against qemu-nbd, both serving a
+# fresh writable copy of the same zstd-compressed qcow2 image (64k
+# clusters, the read benchmark's image from make-image.sh).
+#
+#   bench/bench-write.sh                 full run (2 GiB image, 5 runs)
+#   BENCH_QUICK=1 bench/bench-write.sh   smoke run (256 MiB image, 3 runs)
+#
+# Workloads (fio, --ioengine=nbd, one connection, over the first
+# $BENCH_REGION of the disk; every run ends with a flush, --end_fsync=1,
+# and fio's runtime and rates include it, so both contenders pay for
+# durability):
+#   rand4k-qd1    randwrite bs=4k iodepth=1,  $BENCH_RAND_QD1_SIZE written
+#   rand4k-qd16   randwrite bs=4k iodepth=16, $BENCH_RAND_QD16_SIZE written
+#   seq1m-qd4     write     bs=1M iodepth=4,  $BENCH_SEQ_SIZE written
+# The random runs write a fixed amount (each 4 KiB block at most once, in
+# fio's repeatable random order), so both contenders do exactly the same
+# work: the same copy-on-write of compressed clusters, the same
+# allocations.  A run time cap ($BENCH_FIO_RUNTIME) only guards against a
+# pathological contender; a capped run is flagged in the output.
+#
+# Each written block holds its own offset (fio verify_pattern=%o, with no
+# read-back phase), so the content written depends only on where it goes.
+# That makes the data check exact: after a run, the image must equal a raw
+# copy of the disk to which the same fio job (same order, same number of
+# writes) was applied through nbdkit's file plugin (qemu-img compare).
+#
+# Knobs (environment):
+#   BENCH_RUNS=N              repetitions (default 5, quick 3)
+#   BENCH_DIR=DIR             work dir, images cached there
+#   BENCH_QUICK=1             small image and short runs
+#   BENCH_REGION=SIZE         region written (1G, quick 128M; at most the disk)
+#   BENCH_RAND_QD1_SIZE=SIZE  bytes written by rand4k-qd1 (128M, quick 16M)
+#   BENCH_RAND_QD16_SIZE=SIZE bytes written by rand4k-qd16 (512M, quick 64M)
+#   BENCH_SEQ_SIZE=SIZE       bytes written by seq1m-qd4 (the region)
+#   BENCH_FIO_RUNTIME=S       cap on one fio run (default 120)
+#   BENCH_ONLY="rand4k-qd1 rand4k-qd16 seq1m-qd4"   workloads to run
+#   BENCH_VERIFY=first|all|0  data check (qemu-img compare with the
+#                             reference) on the first run of each contender
+#                             and workload (default), on every run, or never.
+#                             qemu-img check runs after every run regardless.
+#   BENCH_FILTER_ARGS="..."   extra filter parameters (e.g. qcow2-threads=1)
+#   BENCH_KEEP=1              keep the run directory (images, logs)
+#   FILTER=PATH               the filter .so (default: this build tree)
+#
+# Every run starts from a fresh copy of zstd.qcow2, given room with
+# truncate (the filter cannot grow its file), and a fresh server, so no
+# run profits from the previous one.  Contenders alternate, and which one
+# goes first alternates between repetitions.  Medians are printed, with
+# ratios filter/qemu-nbd and PASS/MISS against parity.  Exits non-zero on
+# a failed run, a qemu-img check that is not clean, or wrong data.
+
+source "$(dirname "${BASH_SOURCE[0]}")/common-write.sh"
+
+if [ "$BENCH_QUICK" = 1 ]; then
+    : "${BENCH_REGION:=128M}"
+    : "${BENCH_RAND_QD1_SIZE:=16M}"
+    : "${BENCH_RAND_QD16_SIZE:=64M}"
+else
+    : "${BENCH_REGION:=1G}"
+    : "${BENCH_RAND_QD1_SIZE:=128M}"
+    : "${BENCH_RAND_QD16_SIZE:=512M}"
+fi
+: "${BENCH_SEQ_SIZE:=$BENCH_REGION}"
+: "${BENCH_FIO_RUNTIME:=120}"
+: "${BENCH_ONLY:=rand4k-qd1 rand4k-qd16 seq1m-qd4}"
+: "${BENCH_VERIFY:=first}"
+: "${BENCH_FILTER_ARGS:=}"
+# shellcheck disable=SC2206
+FILTER_ARGS=($BENCH_FILTER_ARGS)
+
+need_cmds nbdkit qemu-nbd qemu-img nbdinfo fio python3 numfmt
+ensure_gnu_time
+bench_setup write
+
+WORKLOADS=(rand4k-qd1 rand4k-qd16 seq1m-qd4)
+declare -A W_RW=([rand4k-qd1]=randwrite [rand4k-qd16]=randwrite [seq1m-qd4]=write)
+declare -A W_BS=([rand4k-qd1]=4k [rand4k-qd16]=4k [seq1m-qd4]=1M)
+declare -A W_QD=([rand4k-qd1]=1 [rand4k-qd16]=16 [seq1m-qd4]=4)
+declare -A W_SIZE=([rand4k-qd1]=$BENCH_RAND_QD1_SIZE [rand4k-qd16]=$BENCH_RAND_QD16_SIZE
+                   [seq1m-qd4]=$BENCH_SEQ_SIZE)
+declare -A W_TITLE=([rand4k-qd1]="4 KiB random writes, QD1"
+                    [rand4k-qd16]="4 KiB random writes, QD16"
+                    [seq1m-qd4]="1 MiB sequential writes, QD4")
+CONTENDERS=(filter qemu)
+declare -A LABEL=([filter]="qcow2zstd filter" [qemu]="qemu-nbd")
+BENCH_FAILED=0
+CAPPED_RUNS=0
+
+wants () { [[ " $BENCH_ONLY " == *" $1 "* ]]; }
+
+# ---------------------------------------------------------------------
+
+# fio_cmd WORKLOAD URI OUTPUT [EXTRA...]: the fio command line, in FIO_CMD.
+fio_cmd ()
+{
+    local w=$1 uri=$2 out=$3
+    shift 3
+    FIO_CMD=(fio --name="$w" --ioengine=nbd --uri="$uri"
+             --rw="${W_RW[$w]}" --bs="${W_BS[$w]}" --iodepth="${W_QD[$w]}"
+             --offset=0 --size="$REGION" --io_size="${W_SIZE[$w]}"
+             --randrepeat=1 --end_fsync=1
+             --verify=pattern --verify_pattern=%o --do_verify=0 --verify_state_save=0
+             --output-format=json --output="$out" "$@")
+}
+
+# The file a contender serves in a run, prepared from the cached image.
+prepare_image () # PATH
+{
+    cp --sparse=always "$IMG_DIR/zstd.qcow2" "$1"
+    truncate -s "+$ROOM" "$1"
+    # Our copy's dirty pages must not be written back during the run.
+    sync "$1"
+}
+
+reproducer () # KIND WORKLOAD
+{
+    local srv
+    if [ "$1" = filter ]; then
+        srv="nbdkit -f -U SOCK --filter=$FILTER_ORIG file img.qcow2 ${FILTER_ARGS[*]}"
+    else
+        srv="qemu-nbd -f qcow2 --cache=writeback --persistent -k SOCK img.qcow2"
+    fi
+    fio_cmd "$2" 'nbd+unix:///?socket=SOCK' fio.json
+    printf '  cp --sparse=always %s img.qcow2; truncate -s +%s img.qcow2\n  %s &\n  %s\n' \
+        "$IMG_DIR/zstd.qcow2" "$ROOM" "$srv" "${FIO_CMD[*]}"
+}
+
+# truth WORKLOAD N: sets TRUTH_PATH to a raw image equal to raw.img with
+# the first N writes of the workload applied (built once per workload and
+# N; not in a subshell, so that the cache and the server stay ours).
+declare -A TRUTH=()
+truth ()
+{
+    local w=$1 n=$2 path=$RUN_DIR/truth.$1.$2.raw rc=0
+    if [ "${TRUTH[$w]:-}" != "$path" ]; then
+        [ -z "${TRUTH[$w]:-}" ] || rm -f "${TRUTH[$w]}"
+        msg "  building the reference for $w ($n writes, raw image through nbdkit file)"
+        cp --sparse=always "$RAW_IMG" "$path"
+        start_server "truth-$w" raw "$path"
+        fio_cmd "$w" "$SERVER_URI" "$RUN_DIR/truth.fio.json" --number_ios="$n"
+        (cd "$RUN_DIR" && exec "${FIO_CMD[@]}") >>"$RUN_DIR/fio.log" 2>&1 || rc=$?
+        [ "$rc" -eq 0 ] || die "fio failed (status $rc) building the reference for $w"
+        server_alive
+        stop_server
+        local got
+        got=$(fio_json_write "$RUN_DIR/truth.fio.json" | awk '{ print $5 }')
+        [ "$got" = "$n" ] || die "reference for $w: fio did $got writes, wanted $n"
+        TRUTH[$w]=$path
+    fi
+    TRUTH_PATH=$path
+}
+
+# measure OUT WORKLOAD KIND REP
+# Appends "iops MiB/s mean_lat_us p99_lat_us total_ios runtime_s srv_cpu
+# growth_MiB end_offset_MiB" to OUT.
+measure ()
+{
+    local out=$1 w=$2 kind=$3 rep=$4 name img json cpu0 cpu1 rc=0 res a0 a1 end n
+    name=$kind-$w
+    img=$RUN_DIR/$kind.qcow2
+    json=$RUN_DIR/$name.fio.json
+    prepare_image "$img"
+    a0=$(alloc_bytes "$img")
+    if [ "$kind" = filter ]; then
+        start_server "$name" filter "$img" "${FILTER_ARGS[@]}"
+    else
+        start_qemu_rw "$name" "$img"
+    fi
+    fio_cmd "$w" "$SERVER_URI" "$json" --runtime="$BENCH_FIO_RUNTIME"
+    cpu0=$(proc_cpu "$SERVER_PID")
+    (cd "$RUN_DIR" && exec "${FIO_CMD[@]}") >>"$RUN_DIR/fio.log" 2>&1 || rc=$?
+    cpu1=$(proc_cpu "$SERVER_PID")
+    server_alive
+    if [ "$rc" -ne 0 ] || ! res=$(fio_json_write "$json" 2>>"$RUN_DIR/fio.log"); then
+        tail -n 8 "$RUN_DIR/fio.log" >&2 || true
+        tail -n 8 "$SERVER_LOG" >&2 || true
+        die "fio failed (status $rc) against ${LABEL[$kind]} ($w); reproducer:
+$(reproducer "$kind" "$w")"
+    fi
+    stop_server
+    if [ -s "$SERVER_LOG" ] && grep -qi 'error' "$SERVER_LOG"; then
+        msg "  WARNING: ${LABEL[$kind]} logged errors ($SERVER_LOG):"
+        grep -i error "$SERVER_LOG" | tail -n 5 >&2
+    fi
+
+    # Outside the timing: the image must be clean and hold the right data.
+    rc=0
+    end=$(qcow2_check "$img" "$RUN_DIR/check.log") || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        tail -n 15 "$RUN_DIR/check.log" >&2
+        msg "  FAILED: qemu-img check of ${LABEL[$kind]}'s image after $w (status $rc); reproducer:"
+        reproducer "$kind" "$w" >&2
+        BENCH_FAILED=1
+        CHECK_RESULT[$kind-$w]="NOT CLEAN (status $rc)"
+    elif [ -z "${CHECK_RESULT[$kind-$w]:-}" ]; then
+        CHECK_RESULT[$kind-$w]=clean
+    fi
+    n=$(awk '{ print $5 }' <<<"$res")
+    if [ "$n" != "$(W_COUNT "$w")" ]; then
+        CAPPED_RUNS=$((CAPPED_RUNS + 1))
+        msg "  NOTE: ${LABEL[$kind]} $w stopped at the ${BENCH_FIO_RUNTIME}s cap after $n of $(W_COUNT "$w") writes"
+    fi
+    if [ "$BENCH_VERIFY" = all ] ||
+           { [ "$BENCH_VERIFY" = first ] && [ -z "${COMPARE_RESULT[$kind-$w]:-}" ]; }; then
+        local crc=0 cmpout
+        truth "$w" "$n"
+        cmpout=$(qemu-img compare -f raw -F qcow2 "$TRUTH_PATH" "$img" 2>&1) || crc=$?
+        if [ "$crc" -eq 0 ]; then
+            [ "${COMPARE_RESULT[$kind-$w]:-}" = "" ] && COMPARE_RESULT[$kind-$w]="identical"
+            COMPARE_COUNT[$kind-$w]=$(( ${COMPARE_COUNT[$kind-$w]:-0} + 1 ))
+        else
+            msg "  FAILED: ${LABEL[$kind]}'s image after $w differs from the reference: $cmpout"
+            msg "  reproducer:"
+            reproducer "$kind" "$w" >&2
+            COMPARE_RESULT[$kind-$w]="DIFFERENT ($cmpout)"
+            BENCH_FAILED=1
+        fi
+    fi
+    a1=$(alloc_bytes "$img")
+    rm -f "$img"
+    printf '%s %s %s %s\n' "$res" "$(calc "$cpu1 - $cpu0")" \
+        "$(calc "($a1 - $a0) / 1048576")" "$(calc "${end:-0} / 1048576")" >> "$out"
+}
+declare -A CHECK_RESULT=() COMPARE_RESULT=() COMPARE_COUNT=()
+
+# Number of writes a workload does when not capped.
+W_COUNT () { echo $(( $(to_bytes "${W_SIZE[$1]}") / $(to_bytes "${W_BS[$1]}") )); }
+
+report () # WORKLOAD
+{
+    local w=$1 d=$RES_DIR/$1 k q f
+    printf '\n%s over the first %s (%s written, %s writes, fio nbd engine + final flush), median of %s\n' \
+        "${W_TITLE[$w]}" "$BENCH_REGION" "${W_SIZE[$w]}" "$(W_COUNT "$w")" "$BENCH_RUNS"
+    printf '  %-17s %9s %15s %9s %11s %11s %9s %9s %10s\n' contender IOPS "(min-max)" "MiB/s" \
+        "mean lat us" "p99 lat us" "srv CPU s" "grew MiB" "end MiB"
+    echo "  (grew = allocated bytes the run added to the image file; end = qemu-img check's image end offset)"
+    for k in "${CONTENDERS[@]}"; do
+        printf '  %-17s %9s %15s %9s %11s %11s %9s %9s %10s\n' "${LABEL[$k]}" \
+            "$(fmt 0 "$(col_median "$d.$k" 1)")" "$(col_range "$d.$k" 1 0)" \
+            "$(fmt 1 "$(col_median "$d.$k" 2)")" \
+            "$(fmt 1 "$(col_median "$d.$k" 3)")" "$(fmt 1 "$(col_median "$d.$k" 4)")" \
+            "$(fmt 2 "$(col_median "$d.$k" 7)")" "$(fmt 1 "$(col_median "$d.$k" 8)")" \
+            "$(fmt 1 "$(col_median "$d.$k" 9)")"
+    done
+    q=$(col_median "$d.qemu" 1); f=$(col_median "$d.filter" 1)
+    printf '  ratio filter/qemu-nbd: IOPS %s, server CPU %s, file growth %s\n' "$(fmt 2 "$(ratio "$f" "$q")")" \
+        "$(fmt 2 "$(ratio "$(col_median "$d.filter" 7)" "$(col_median "$d.qemu" 7)")")" \
+        "$(fmt 2 "$(ratio "$(col_median "$d.filter" 8)" "$(col_median "$d.qemu" 8)")")"
+    printf '  checks: qemu-img check after every run: filter %s, qemu-nbd %s; data vs reference: filter %s, qemu-nbd %s\n' \
+        "${CHECK_RESULT[filter-$w]:-not run}" "${CHECK_RESULT[qemu-$w]:-not run}" \
+        "${COMPARE_RESULT[filter-$w]:-not checked}${COMPARE_COUNT[filter-$w]:+ (${COMPARE_COUNT[filter-$w]} runs)}" \
+        "${COMPARE_RESULT[qemu-$w]:-not checked}${COMPARE_COUNT[qemu-$w]:+ (${COMPARE_COUNT[qemu-$w]} runs)}"
+    SUMMARY+=("$(printf '%-30s %11s %10s %8s %14s %14s' "${W_TITLE[$w]}" \
+        "$(fmt 0 "$f")" "$(fmt 0 "$q")" "$(fmt 2 "$(ratio "$f" "$q")")" \
+        "$(fmt 1 "$(col_median "$d.filter" 2)")/$(fmt 1 "$(col_median "$d.qemu" 2)")" \
+        "$(fmt 1 "$(col_median "$d.filter" 8)")/$(fmt 1 "$(col_median "$d.qemu" 8)")")")
+    target "${W_TITLE[$w]}: filter/qemu-nbd IOPS" "$(ratio "$f" "$q")" ">=" 1.0
+}
+SUMMARY=()
+
+# ---------------------------------------------------------------------
+# Main.
+
+print_machine "qcow2zstd write benchmark"
+[ ${#FILTER_ARGS[@]} -eq 0 ] || echo "Filter parameters: ${FILTER_ARGS[*]}"
+echo "Runs: $BENCH_RUNS per workload, contenders alternating (and which goes first alternating); results in $RES_DIR"
+echo "Servers: nbdkit -U SOCK --filter=qcow2zstd file IMG ${FILTER_ARGS[*]} | qemu-nbd -f qcow2 --cache=writeback --persistent -k SOCK IMG; Unix sockets; one fresh server and image copy per run"
+echo "Client: fio --ioengine=nbd, 1 connection, --end_fsync=1 (the flush is inside fio's timing), written data = block offset pattern"
+
+ensure_images
+VSIZE=$(stat -c %s "$RAW_IMG")
+REGION=$(to_bytes "$BENCH_REGION")
+if [ "$REGION" -gt "$VSIZE" ]; then
+    msg "region $BENCH_REGION is larger than the disk; using the whole disk"
+    REGION=$VSIZE
+    BENCH_REGION=$(numfmt --to=iec "$VSIZE")
+fi
+for w in "${WORKLOADS[@]}"; do
+    if [ "${W_RW[$w]}" = randwrite ] &&
+           [ "$(to_bytes "${W_SIZE[$w]}")" -gt "$REGION" ]; then
+        die "$w writes ${W_SIZE[$w]}, more than the region ($BENCH_REGION): each block is written at most once"
+    fi
+done
+# Room: every cluster of the region may be rewritten once (a 4 KiB write
+# to a compressed cluster allocates a whole new cluster), plus metadata.
+ROOM=$((REGION + REGION / 16 + 16 * 1048576))
+ROOM=$(( (ROOM + 1048575) / 1048576 * 1048576 ))
+echo "Image: $IMG_DIR/zstd.qcow2 ($(mib "$(stat -c %s "$IMG_DIR/zstd.qcow2")") MiB file, $(mib "$VSIZE") MiB disk, $(qcow2_info "$IMG_DIR/zstd.qcow2" | awk '{ print $2 ", " $3 / 1024 "k clusters" }')), region: first $BENCH_REGION, room added to each copy: $(mib "$ROOM" 0) MiB"
+echo "First $BENCH_REGION of the disk: $(qemu-img map --output=json "$IMG_DIR/zstd.qcow2" | python3 -c '
+import json, sys
+end = int(sys.argv[1]); data = 0
+for e in json.load(sys.stdin):
+    s, n = e["start"], e["length"]
+    if e["data"] and s < end:
+        data += min(s + n, end) - s
+print("%.0f%% allocated (compressed) data" % (100.0 * data / end))' "$REGION")"
+echo "Checks: qemu-img check after every run (outside timing); data compared with a reference (raw.img + the same writes through nbdkit file): $BENCH_VERIFY"
+
+RAN=()
+for w in "${WORKLOADS[@]}"; do
+    wants "$w" || continue
+    RAN+=("$w")
+    for rep in $(seq "$BENCH_RUNS"); do
+        msg "$w: repetition $rep/$BENCH_RUNS"
+        if [ $((rep % 2)) = 1 ]; then order=(filter qemu); else order=(qemu filter); fi
+        for k in "${order[@]}"; do
+            measure "$RES_DIR/$w.$k" "$w" "$k" "$rep"
+        done
+    done
+    [ -z "${TRUTH[$w]:-}" ] || rm -f "${TRUTH[$w]}"
+done
+
+for w in "${RAN[@]}"; do report "$w"; done
+
+echo
+echo "Summary (medians; filter/qemu-nbd > 1 means the filter is faster):"
+printf '  %-30s %11s %10s %8s %14s %14s\n' workload "filter IOPS" "qemu IOPS" ratio "MiB/s f/q" "grew MiB f/q"
+printf '  %s\n' "${SUMMARY[@]}"
+[ "$CAPPED_RUNS" = 0 ] || echo "  NOTE: $CAPPED_RUNS run(s) hit the ${BENCH_FIO_RUNTIME}s cap and wrote less than the rest"
+echo
+echo "Targets (informational):"
+if [ ${#TARGET_SUMMARY[@]} -eq 0 ]; then
+    echo "  (no workload measured)"
+else
+    printf '  %s\n' "${TARGET_SUMMARY[@]}"
+fi
+if [ "$BENCH_FAILED" = 1 ]; then
+    echo
+    echo "FAILED: a qemu-img check was not clean, or an image held wrong data (see above)"
+    exit 1
+fi
