@@ -158,6 +158,18 @@ nbd_uri ()
     echo "nbd+unix:///?socket=$1"
 }
 
+# requires_nbd_python: set PYTHON to a python3 with libnbd's nbd module
+# (Debian's python3-libnbd serves the system python; one earlier in PATH
+# may lack it), or skip the test.
+requires_nbd_python ()
+{
+    PYTHON=/usr/bin/python3
+    "$PYTHON" -c 'import nbd' 2>/dev/null || {
+        echo "$0: skipped: $PYTHON has no nbd module (python3-libnbd)"
+        exit 77
+    }
+}
+
 # Fail the test with a message.
 fail ()
 {

@@ -6,8 +6,7 @@
 # compared with qemu's reading of the result.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy qemu-io
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 
 cd "$TMPDIR_TEST"
 $PYTHON -c "

@@ -15,20 +15,8 @@ requires nbdinfo nbdcopy qemu-io python3 cksum
 CORRUPT="${top_srcdir:-.}/tests/corrupt-image.py"
 [ -f "$CORRUPT" ] || fail "missing $CORRUPT"
 
-# A python that has libnbd's nbd module (nbdsh runs "python3 -m nbd",
-# which may not be the python3 first in PATH).
-NBD_PY=
-for py in python3 /usr/bin/python3 /usr/local/bin/python3; do
-    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import nbd' 2>/dev/null
-    then
-        NBD_PY=$py
-        break
-    fi
-done
-if [ -z "$NBD_PY" ]; then
-    echo "$0: skipped: no python3 with libnbd's nbd module"
-    exit 77
-fi
+requires_nbd_python
+NBD_PY=$PYTHON
 
 T=$TMPDIR_TEST
 MiB=$((1024 * 1024))

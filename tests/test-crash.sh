@@ -5,8 +5,7 @@
 # flush covered; bytes never written keep their old content.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-io
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 
 cd "$TMPDIR_TEST"
 

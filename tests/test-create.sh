@@ -7,8 +7,7 @@
 # and show the requested compression type in qemu-img info.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy qemu-io
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 
 cd "$TMPDIR_TEST"
 

@@ -7,8 +7,7 @@
 # the filter.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy qemu-io
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 nbdkit --dump-plugin --filter=error null > /dev/null 2>&1 ||
     { echo "$0: skipped: nbdkit's error filter is not installed"; exit 77; }
 

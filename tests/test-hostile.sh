@@ -10,8 +10,7 @@
 # one it finds corrupt.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-io
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 COUNT=${HOSTILE_COUNT:-1000}
 
 cd "$TMPDIR_TEST"

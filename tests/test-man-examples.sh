@@ -16,7 +16,7 @@
 # example.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy nbdinfo qemu-io cmp md5sum awk
-PYTHON=/usr/bin/python3
+requires_nbd_python
 
 T=$TMPDIR_TEST
 cd "$T"

@@ -5,8 +5,7 @@
 # relative backing file names next to the image.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy qemu-io
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 [ -f "$PLUGIN" ] || fail "the plugin is not built: $PLUGIN"
 
 cd "$TMPDIR_TEST"

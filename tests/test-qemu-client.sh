@@ -7,7 +7,7 @@
 # qemu reading the file directly must see every change.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-io cmp
-PYTHON=/usr/bin/python3
+requires_nbd_python
 
 cd "$TMPDIR_TEST"
 

@@ -6,8 +6,7 @@
 # qemu-img check and compare identical to the mirror.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-io
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 SECONDS_TOTAL=${SOAK_SECONDS:-40}
 
 cd "$TMPDIR_TEST"

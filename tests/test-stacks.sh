@@ -15,8 +15,7 @@
 # expected disk from the file.  One line per case.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy qemu-io cmp md5sum
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 
 cd "$TMPDIR_TEST"
 

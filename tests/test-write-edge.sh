@@ -5,8 +5,7 @@
 # cleared, and v2 images.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-io nbdcopy nbdinfo
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 
 cd "$TMPDIR_TEST"
 

@@ -7,8 +7,7 @@
 # it identical to a raw file that received the same operations.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-io
-PYTHON=/usr/bin/python3
-$PYTHON -c 'import nbd' 2>/dev/null || { echo "$0: skipped: python3-libnbd is not installed"; exit 77; }
+requires_nbd_python
 
 cd "$TMPDIR_TEST"
 

@@ -2,6 +2,7 @@
 
 #include <config.h>
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -290,4 +291,14 @@ params_log_stats (struct qcow2_image *img, const char *exportname)
                   (s.cluster_cache_hits + s.cluster_cache_misses) : 0.0,
                 s.l2_cache_hits, s.l2_cache_misses, s.l2_cache_evictions,
                 s.bytes_read_underneath, s.reads_underneath);
+}
+
+int
+params_add_extent (void *extents, uint64_t offset, uint64_t length, bool zero)
+{
+  if (nbdkit_add_extent (extents, offset, length,
+                         zero ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO : 0)
+      == -1)
+    return -errno;
+  return 0;
 }

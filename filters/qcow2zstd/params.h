@@ -1,4 +1,5 @@
-/* qcow2zstd: the parameters shared by the filter and the plugin.
+/* qcow2zstd: what the filter and the plugin share: the parameters, the
+ * debug flags, --dump-plugin, the statistics line, the extents adapter.
  *
  * Include nbdkit-filter.h or nbdkit-plugin.h first.
  */
@@ -33,6 +34,9 @@ int params_complete (void);
 void params_dump_if_asked (void);
 void params_unload (void);
 void params_log_stats (struct qcow2_image *img, const char *name);
+/* The engine's extent callback: adds to a struct nbdkit_extents. */
+int params_add_extent (void *extents, uint64_t offset, uint64_t length,
+                       bool zero);
 
 #define PARAMS_HELP \
   "qcow2-threads=N                Threads (de)compressing each request (default: CPUs).\n" \

@@ -300,18 +300,6 @@ qcow2zstd_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 }
 
 static int
-add_extent (void *opaque, uint64_t offset, uint64_t length, bool zero)
-{
-  struct nbdkit_extents *extents = opaque;
-
-  if (nbdkit_add_extent (extents, offset, length,
-                         zero ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO : 0)
-      == -1)
-    return -errno;
-  return 0;
-}
-
-static int
 qcow2zstd_extents (nbdkit_next *next, void *handle,
                    uint32_t count, uint64_t offset, uint32_t flags,
                    struct nbdkit_extents *extents, int *err)
@@ -321,7 +309,7 @@ qcow2zstd_extents (nbdkit_next *next, void *handle,
   int r;
 
   /* A client asking for one extent is served by the first run. */
-  r = qcow2_extents (h->reader, &io, offset, count, add_extent, extents);
+  r = qcow2_extents (h->reader, &io, offset, count, params_add_extent, extents);
   if (r < 0) {
     *err = -r;
     return -1;

@@ -304,22 +304,12 @@ qcow2zstd_flush (void *handle, uint32_t flags)
 }
 
 static int
-add_extent (void *opaque, uint64_t offset, uint64_t length, bool zero)
-{
-  if (nbdkit_add_extent (opaque, offset, length,
-                         zero ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO : 0)
-      == -1)
-    return -errno;
-  return 0;
-}
-
-static int
 qcow2zstd_extents (void *handle, uint32_t count, uint64_t offset,
                    uint32_t flags, struct nbdkit_extents *extents)
 {
   struct handle *h = handle;
   return errno_result (qcow2_extents (h->reader, &file_io, offset, count,
-                                      add_extent, extents));
+                                      params_add_extent, extents));
 }
 
 static int
