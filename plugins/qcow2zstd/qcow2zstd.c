@@ -195,6 +195,20 @@ qcow2zstd_close (void *handle)
   free (h);
 }
 
+/* When nbdkit shuts down (its --run command exited, or a signal), it may
+ * unload the plugin without closing the last connections, and their
+ * close is where the metadata would be written.  Write it here too; the
+ * image itself stays for a close that may still come.
+ */
+static void
+qcow2zstd_cleanup (void)
+{
+  pthread_mutex_lock (&image_lock);
+  if (image)
+    qcow2_flush (image, &file_io);
+  pthread_mutex_unlock (&image_lock);
+}
+
 static int64_t
 qcow2zstd_get_size (void *handle)
 {
@@ -330,6 +344,7 @@ static struct nbdkit_plugin plugin = {
   .config_complete = qcow2zstd_config_complete,
   .config_help = qcow2zstd_config_help,
   .magic_config_key = "file",
+  .cleanup = qcow2zstd_cleanup,
   .thread_model = qcow2zstd_thread_model,
   .open = qcow2zstd_open,
   .close = qcow2zstd_close,
