@@ -20,10 +20,13 @@ open('src.raw', 'wb').write(b''.join(r.randbytes(20000) + b'faults ' * 5000 for 
 
 cat > client.py <<'EOF'
 import nbd, random, sys
-uri, seed = sys.argv[1], int(sys.argv[2])
+uri, seed, trigger = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rng = random.Random(seed)
 h = nbd.NBD()
 h.connect_uri(uri)
+# Faults start once the image is open (an injected error while opening
+# it would only refuse the connection).
+open(trigger, "w").close()
 size = h.get_size()
 errors = {"EIO": 0}
 ok = 0
@@ -45,6 +48,8 @@ for i in range(1500):
         errors[e.errno] = errors.get(e.errno, 0) + 1
         if e.errno != "EIO":
             sys.exit(f"unexpected error {e}")
+import os
+os.unlink(trigger)
 print(f"ok={ok} eio={errors['EIO']}")
 if errors["EIO"] == 0:
     sys.exit("no error was injected")
@@ -57,8 +62,9 @@ for comp in zlib zstd; do
         truncate -s +40M "$img"
         start_server "$PWD/sock" --filter=error file "$img" \
             error-pread-rate=2% error-pwrite-rate=2% \
-            error=EIO qcow2-threads=2
-        result=$($PYTHON client.py "$(nbd_uri "$PWD/sock")" $cs) || fail "$comp $cs: $result"
+            error=EIO error-file="$PWD/inject" qcow2-threads=2
+        rm -f inject
+        result=$($PYTHON client.py "$(nbd_uri "$PWD/sock")" $cs "$PWD/inject") || fail "$comp $cs: $result"
         kill -0 "$SERVER_PID" || fail "$comp $cs: the server died"
         stop_server
         rc=0
