@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <inttypes.h>
 #include <string.h>
@@ -22,6 +23,7 @@ struct shared_image {
   char *exportname;
   struct qcow2_image *engine;
   unsigned users;
+  bool stats_logged;            /* by images_cleanup, before the close */
 };
 
 static pthread_mutex_t images_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -203,13 +205,31 @@ images_release (struct shared_image *shared, nbdkit_next *next)
       /* Errors were logged; what is on disk is consistent either way. */
       qcow2_flush (shared->engine, &io);
     }
-    params_log_stats (shared->engine, shared->exportname);
+    if (!shared->stats_logged)
+      params_log_stats (shared->engine, shared->exportname);
     qcow2_image_close (shared->engine);
     for (link = &images; *link != shared; link = &(*link)->next)
       ;
     *link = shared->next;
     free (shared->exportname);
     free (shared);
+  }
+  pthread_mutex_unlock (&images_lock);
+}
+
+/* nbdkit may unload the filter while the last connections are still open
+ * (after a --run command exits), and then their close never comes: the
+ * statistics are logged here for the images still in use.
+ */
+void
+images_cleanup (void)
+{
+  struct shared_image *s;
+
+  pthread_mutex_lock (&images_lock);
+  for (s = images; s != NULL; s = s->next) {
+    params_log_stats (s->engine, s->exportname);
+    s->stats_logged = true;
   }
   pthread_mutex_unlock (&images_lock);
 }

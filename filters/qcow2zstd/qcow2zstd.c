@@ -29,6 +29,12 @@ qcow2zstd_load (void)
 }
 
 static void
+qcow2zstd_cleanup (nbdkit_backend *backend)
+{
+  images_cleanup ();
+}
+
+static void
 qcow2zstd_unload (void)
 {
   images_unload ();
@@ -337,6 +343,7 @@ static struct nbdkit_filter filter = {
   .longname = "nbdkit qcow2 filter (zlib and zstd, parallel)",
   .load = qcow2zstd_load,
   .unload = qcow2zstd_unload,
+  .cleanup = qcow2zstd_cleanup,
   .config = qcow2zstd_config,
   .config_complete = qcow2zstd_config_complete,
   .config_help = qcow2zstd_config_help,

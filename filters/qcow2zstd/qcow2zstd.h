@@ -23,6 +23,7 @@ struct shared_image *images_acquire (nbdkit_next *next,
  */
 void images_release (struct shared_image *shared, nbdkit_next *next);
 struct qcow2_image *images_engine (struct shared_image *shared);
+void images_cleanup (void);
 void images_unload (void);
 
 /* The engine's view of a next backend. */

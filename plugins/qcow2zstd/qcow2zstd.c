@@ -34,6 +34,7 @@ static struct qcow2_image *image;
 static struct qcow2_io file_io;
 static unsigned users;
 static bool created;
+static bool stats_logged;      /* by the cleanup, before the last close */
 
 struct handle {
   struct qcow2_reader *reader;
@@ -186,7 +187,9 @@ qcow2zstd_close (void *handle)
   pthread_mutex_lock (&image_lock);
   if (--users == 0) {
     qcow2_flush (image, &file_io);
-    params_log_stats (image, filename);
+    if (!stats_logged)
+      params_log_stats (image, filename);
+    stats_logged = false;
     qcow2_image_close (image);
     image = NULL;
     qcow2_fileio_close (&file_io);
@@ -198,14 +201,18 @@ qcow2zstd_close (void *handle)
 /* When nbdkit shuts down (its --run command exited, or a signal), it may
  * unload the plugin without closing the last connections, and their
  * close is where the metadata would be written.  Write it here too; the
- * image itself stays for a close that may still come.
+ * image itself stays for a close that may still come, which then does
+ * not log the statistics again.
  */
 static void
 qcow2zstd_cleanup (void)
 {
   pthread_mutex_lock (&image_lock);
-  if (image)
+  if (image) {
     qcow2_flush (image, &file_io);
+    params_log_stats (image, filename);
+    stats_logged = true;
+  }
   pthread_mutex_unlock (&image_lock);
 }
 
