@@ -18,6 +18,10 @@
 
 /* qemu 7.2 writes 112-byte v3 headers: 104 + compression type + padding. */
 #define CREATE_HEADER_LENGTH 112
+/* The header and the end-of-extensions marker after it fit one sector,
+ * the smallest cluster there is.
+ */
+#define HEADER_WRITE_BYTES 512
 
 static void
 create_error (const struct qcow2_log *log, const char *msg)
@@ -128,14 +132,24 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   }
 
   /* Clear the refcount table and L1 table, make that durable, and only
-   * then write the header that gives them meaning.
+   * then write the header that gives them meaning.  Clusters that read
+   * as zeros already are left alone: on a sparse file, writing them
+   * would allocate space that holds nothing.
    */
-  memset (buf, 0, cluster_size);
   for (c = 1; c < meta_clusters; ++c) {
+    r = io->pread (io->opaque, buf, cluster_size, c << bits);
+    if (r < 0) {
+      create_error (log, "qcow2-create: cannot read the device");
+      goto out;
+    }
+    if (all_zero (buf, cluster_size))
+      continue;
+    memset (buf, 0, cluster_size);
     r = io->pwrite (io->opaque, buf, cluster_size, c << bits);
     if (r < 0)
       goto write_failed;
   }
+  memset (buf, 0, cluster_size);
   r = io->flush (io->opaque);
   if (r < 0)
     goto write_failed;
@@ -153,7 +167,8 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   put_be32 (buf + 96, 4);
   put_be32 (buf + 100, CREATE_HEADER_LENGTH);
   buf[104] = create->compression_type;
-  r = io->pwrite (io->opaque, buf, cluster_size, 0);
+  /* The rest of the first cluster was checked to be zeros above. */
+  r = io->pwrite (io->opaque, buf, HEADER_WRITE_BYTES, 0);
   if (r == 0)
     r = io->flush (io->opaque);
   if (r < 0)

@@ -49,6 +49,14 @@ struct refcounts {
   uint64_t host_clusters;     /* clusters that fit in the file */
   uint64_t free_hint;         /* no free cluster below this index */
   bool no_reclaim;            /* allocation may not write metadata back */
+  /* While compressed data is being packed, single clusters for plain
+   * data and tables come from a window of free clusters set apart, so
+   * that they interrupt the packing once per window instead of once per
+   * cluster (each interruption leaves part of a host cluster unused).
+   */
+  uint64_t window_next, window_end;
+  bool in_window;             /* allocating from the window: no nesting */
+  bool for_pack;              /* allocating a host cluster to pack into */
   struct pending_free *pending;
   size_t npending, pending_cap;
 };
@@ -190,6 +198,15 @@ size_t qcow2_compress_batch_max (const struct qcow2_image *img);
 /* Allocate host cluster INDEX if it is free; -EBUSY if it is not. */
 int qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
                             uint64_t index);
+/* A fresh host cluster to pack compressed data into, outside the window
+ * of clusters set apart for plain data.
+ */
+int qcow2_alloc_pack_cluster (struct qcow2_image *img, struct qcow2_io *io,
+                              uint64_t *offset);
+/* Stop packing compressed data after pack_cursor; the host cluster kept
+ * free for it goes back to the allocator.
+ */
+void qcow2_pack_reset (struct qcow2_image *img);
 
 /* Backing files (qcow2-backing.c). */
 int qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,

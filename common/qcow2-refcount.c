@@ -237,6 +237,48 @@ is_fixed_metadata (struct qcow2_image *img, uint64_t cluster)
   return false;
 }
 
+/* The host cluster that packed compressed data runs on into next, kept
+ * free for it: a plain cluster or a table allocated there would cut the
+ * packing short and leave the rest of the current host cluster unused
+ * (qemu does that; its images come out slightly larger).
+ */
+static uint64_t
+pack_reserved (const struct qcow2_image *img)
+{
+  if (img->pack_cursor == 0)
+    return UINT64_MAX;
+  return (((img->pack_cursor - 1) | (img->header.cluster_size - 1)) + 1)
+    >> img->header.cluster_bits;
+}
+
+static bool
+in_window (const struct refcounts *rc, uint64_t cluster)
+{
+  return cluster >= rc->window_next && cluster < rc->window_end;
+}
+
+/* Allocations may have passed over the clusters set apart: make the
+ * search look at them again.
+ */
+static void
+release_window (struct refcounts *rc)
+{
+  if (rc->window_next < rc->window_end && rc->window_next < rc->free_hint)
+    rc->free_hint = rc->window_next;
+  rc->window_next = rc->window_end = 0;
+}
+
+void
+qcow2_pack_reset (struct qcow2_image *img)
+{
+  uint64_t reserved = pack_reserved (img);
+
+  if (reserved < img->rc.free_hint)
+    img->rc.free_hint = reserved;
+  img->pack_cursor = 0;
+  release_window (&img->rc);
+}
+
 /* First cluster index >= START that begins a run of COUNT free clusters
  * inside the file, or UINT64_MAX.
  */
@@ -245,6 +287,7 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
            uint64_t count, uint64_t *found)
 {
   struct refcounts *rc = &img->rc;
+  const uint64_t reserved = pack_reserved (img);
   uint64_t run_start = start, i = start;
   int r;
 
@@ -259,7 +302,8 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
     r = qcow2_refcount_get (img, io, i, &refcount);
     if (r < 0)
       return r;
-    if (refcount != 0 || is_fixed_metadata (img, i))
+    if (refcount != 0 || i == reserved || in_window (rc, i) ||
+        is_fixed_metadata (img, i))
       run_start = i + 1;
     i++;
   }
@@ -408,6 +452,57 @@ qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
   return -EIO;
 }
 
+/* Clusters set apart at a time for plain data while packing. */
+#define WINDOW_CLUSTERS 32
+
+/* One cluster from the window, setting a new one apart when it is used
+ * up; -ENOSPC when there is no run of free clusters for a window.
+ */
+static int
+alloc_from_window (struct qcow2_image *img, struct qcow2_io *io,
+                   uint64_t *offset)
+{
+  struct refcounts *rc = &img->rc;
+  bool fresh = false;
+  uint64_t first;
+  int r;
+
+  for (;;) {
+    while (rc->window_next < rc->window_end) {
+      uint64_t cluster = rc->window_next++;
+      r = qcow2_alloc_cluster_at (img, io, cluster);
+      if (r == 0) {
+        *offset = cluster << img->header.cluster_bits;
+        return 0;
+      }
+      if (r != -EBUSY)
+        return r;
+    }
+    if (fresh)
+      return -ENOSPC;
+    r = find_free (img, io, rc->free_hint, WINDOW_CLUSTERS, &first);
+    if (r < 0)
+      return r;
+    if (first == UINT64_MAX)
+      return -ENOSPC;
+    rc->window_next = first;
+    rc->window_end = first + WINDOW_CLUSTERS;
+    fresh = true;
+  }
+}
+
+int
+qcow2_alloc_pack_cluster (struct qcow2_image *img, struct qcow2_io *io,
+                          uint64_t *offset)
+{
+  int r;
+
+  img->rc.for_pack = true;
+  r = qcow2_alloc_clusters (img, io, 1, offset);
+  img->rc.for_pack = false;
+  return r;
+}
+
 int
 qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
                       uint64_t count, uint64_t *offset)
@@ -418,12 +513,27 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
 
   bool reclaimed = false;
 
+  if (count == 1 && img->pack_cursor != 0 && !rc->for_pack &&
+      !rc->in_window) {
+    rc->in_window = true;
+    r = alloc_from_window (img, io, offset);
+    rc->in_window = false;
+    if (r != -ENOSPC)
+      return r;
+  }
+
   for (;;) {
     bool still_free = true;
 
     r = find_free (img, io, rc->free_hint, count, &first);
     if (r < 0)
       return r;
+    if (first == UINT64_MAX && (pack_reserved (img) != UINT64_MAX ||
+                                rc->window_next < rc->window_end)) {
+      /* Out of room but for the clusters set apart: give them up. */
+      qcow2_pack_reset (img);
+      continue;
+    }
     if (first == UINT64_MAX) {
       /* Released clusters wait for a metadata writeback before they may
        * be reused.  Out of room, do that writeback now rather than fail.
@@ -489,7 +599,8 @@ qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t refcount;
   int r;
 
-  if (index >= rc->host_clusters || is_fixed_metadata (img, index))
+  if (index >= rc->host_clusters || in_window (rc, index) ||
+      is_fixed_metadata (img, index))
     return -EBUSY;
   r = get_block (img, io, index >> rc->block_bits, &block);
   if (r == 0 && block == NULL)
@@ -626,7 +737,7 @@ qcow2_refcount_apply_frees (struct qcow2_image *img, struct qcow2_io *io)
     if (r < 0)
       return r;
     if (refcount == 0)
-      img->pack_cursor = 0;
+      qcow2_pack_reset (img);
   }
   return 0;
 }

@@ -429,7 +429,7 @@ pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
     }
   }
   if (cur == 0) {
-    r = qcow2_alloc_clusters (img, io, 1, &offset);
+    r = qcow2_alloc_pack_cluster (img, io, &offset);
     if (r < 0)
       return r;
     cur = offset;
@@ -461,7 +461,7 @@ pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
  fail:
   for (i = 0; i < nfresh; ++i)
     qcow2_free_later (img, fresh[i] << bits, cluster_size, 0);
-  img->pack_cursor = 0;
+  qcow2_pack_reset (img);
   return r;
 }
 
