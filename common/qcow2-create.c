@@ -134,16 +134,19 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   /* Clear the refcount table and L1 table, make that durable, and only
    * then write the header that gives them meaning.  Clusters that read
    * as zeros already are left alone: on a sparse file, writing them
-   * would allocate space that holds nothing.
+   * would allocate space that holds nothing.  Storage that grows has
+   * to be written up to the end of the tables.
    */
   for (c = 1; c < meta_clusters; ++c) {
-    r = io->pread (io->opaque, buf, cluster_size, c << bits);
-    if (r < 0) {
-      create_error (log, "qcow2-create: cannot read the device");
-      goto out;
+    if (((c + 1) << bits) <= (uint64_t) device_size) {
+      r = io->pread (io->opaque, buf, cluster_size, c << bits);
+      if (r < 0) {
+        create_error (log, "qcow2-create: cannot read the device");
+        goto out;
+      }
+      if (all_zero (buf, cluster_size))
+        continue;
     }
-    if (all_zero (buf, cluster_size))
-      continue;
     memset (buf, 0, cluster_size);
     r = io->pwrite (io->opaque, buf, cluster_size, c << bits);
     if (r < 0)
