@@ -103,6 +103,39 @@ stop_server
 check_image new.qcow2 zstd "nbdcopy with 4 connections"
 echo "nbdcopy --connections=4 into a created image: check clean, identical"
 
+# Packing: compressed clusters interleaved with incompressible ones.
+# qemu-img convert -c starts a new host cluster after each plain cluster;
+# the filter takes plain clusters from a window set apart, so its packed
+# data touches no more host clusters than the data fills, plus one per
+# window of 32 plain clusters, and no more than qemu's.
+$PYTHON - <<'EOF'
+import random
+rng = random.Random(9)
+words = [b"qcow2", b"zstd", b"packing", b"cluster", b"window", b"\n", b"of", b"data"]
+out = bytearray()
+for i in range(192):
+    if i % 3 == 2:
+        out += rng.randbytes(65536)
+    else:
+        # about 30 KiB compressed: most clusters cross a host cluster end
+        out += rng.randbytes(24576) + b" ".join(rng.choice(words) for _ in range(12000))[:40960]
+open("src.raw", "wb").write(out)
+EOF
+rm -f new.qcow2; truncate -s 20M new.qcow2
+start_server "$PWD/sock" file new.qcow2 qcow2-create=12M qcow2-cluster-size=64K
+nbdcopy src.raw "$(nbd_uri "$PWD/sock")"
+stop_server
+check_image new.qcow2 zstd "packing around plain clusters"
+qemu-img convert -c -O qcow2 -o cluster_size=64k,compression_type=zstd src.raw qemu.qcow2
+read -r ours union plain < <($PYTHON "$top_srcdir/tests/packing.py" new.qcow2)
+read -r theirs _ _ < <($PYTHON "$top_srcdir/tests/packing.py" qemu.qcow2)
+[ "$plain" = 64 ] || fail "packing: $plain plain clusters, expected 64"
+bound=$(( (union + 65535) / 65536 + (plain + 31) / 32 + 1 ))
+[ "$ours" -le "$bound" ] ||
+    fail "packing: compressed data touches $ours host clusters; $union bytes need at most $bound"
+[ "$ours" -le "$theirs" ] || fail "packing: $ours host clusters, qemu-img uses only $theirs"
+echo "packing around 64 plain clusters: $ours host clusters (bound $bound; qemu-img: $theirs)"
+
 # Refusals.
 expect_startup_error ()
 {
