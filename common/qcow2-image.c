@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "qcow2-internal.h"
 #include "qcow2-codec.h"
@@ -196,6 +197,15 @@ check_features_but_backing (const struct qcow2_header *h, char *err,
   return qcow2_header_check_features (&without, err, errlen);
 }
 
+/* More compressing threads than CPUs gain nothing (qcow2-compress.c). */
+static unsigned
+online_cpus (void)
+{
+  long cpus = sysconf (_SC_NPROCESSORS_ONLN);
+
+  return cpus > 0 ? (unsigned) cpus : 1;
+}
+
 int
 qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
                   const struct qcow2_options *opts,
@@ -216,6 +226,9 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
     img->log = *log;
   img->opts = *opts;
   pthread_rwlock_init (&img->lock, NULL);
+  pthread_mutex_init (&img->encoders_lock, NULL);
+  pthread_cond_init (&img->encoder_returned, NULL);
+  img->encoders_max = online_cpus ();
 
   size = io->size (io->opaque);
   if (size < 0) {
@@ -339,7 +352,10 @@ qcow2_image_close (struct qcow2_image *img)
   free (img->wbuf);
   free (img->wcompressed);
   qcow2_decoder_free (img->wdecoder);
+  qcow2_encoders_free (img);
   free (img->l1);
+  pthread_cond_destroy (&img->encoder_returned);
+  pthread_mutex_destroy (&img->encoders_lock);
   pthread_rwlock_destroy (&img->lock);
   free (img);
 }

@@ -94,6 +94,14 @@ struct qcow2_image {
 
   struct backing *backing;    /* NULL: unallocated clusters read as zeros */
 
+  /* Compressors shared by every thread compressing for this image, the
+   * most recently used first, at most one per CPU (qcow2-compress.c).
+   */
+  pthread_mutex_t encoders_lock;
+  pthread_cond_t encoder_returned;
+  struct encoder_slot *encoders;    /* idle ones */
+  unsigned encoders_made, encoders_max;
+
   /* Bumped before released clusters' cache entries are dropped, so that
    * a decode started before the release cannot put them back.
    */
@@ -156,7 +164,6 @@ int qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
 /* What each thread that decodes or encodes keeps (qcow2-read.c). */
 struct thread_state {
   struct qcow2_decoder *dec;
-  struct qcow2_encoder *enc;    /* made on first use */
   uint8_t *scratch;             /* one cluster */
   char err[256];
 };
@@ -192,6 +199,8 @@ void qcow2_compress_ctx_put (struct qcow2_reader *reader,
                              struct compress_ctx *ctx);
 void qcow2_compress_ctx_free_all (struct qcow2_reader *reader);
 int qcow2_compress_run (struct qcow2_reader *reader, struct compress_ctx *ctx);
+/* Free the image's idle compressors. */
+void qcow2_encoders_free (struct qcow2_image *img);
 /* Most clusters compressed in one batch. */
 size_t qcow2_compress_batch_max (const struct qcow2_image *img);
 

@@ -126,7 +126,6 @@ thread_state_free (void *state)
   if (ts == NULL)
     return;
   qcow2_decoder_free (ts->dec);
-  qcow2_encoder_free (ts->enc);
   free (ts->scratch);
   free (ts);
 }
@@ -188,7 +187,6 @@ request_free (struct request *req)
   free (req->chunk[1].staging);
   free (req->l2buf);
   qcow2_decoder_free (req->caller.dec);
-  qcow2_encoder_free (req->caller.enc);
   free (req->caller.scratch);
   free (req);
 }
