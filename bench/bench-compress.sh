@@ -41,7 +41,7 @@
 #   BENCH_DIR=DIR          work dir, images cached there
 #   BENCH_ONLY="headline curve subset"
 #   BENCH_TYPES="zstd zlib"   compression types to run
-#   BENCH_ZSTD_LEVELS="1 3 6 9"   BENCH_ZLIB_LEVELS="1 6 9"   (curve)
+#   BENCH_ZSTD_LEVELS="1 3 6 9"   BENCH_ZLIB_LEVELS="1 5 6 9"   (curve)
 #   BENCH_SUBSET_LEVELS="19"      BENCH_SUBSET=SIZE (256M, quick 32M)
 #   BENCH_VERIFY=all|first|0   qemu-img compare with the input for every
 #                          output (default all), for the first of each kind,
@@ -57,7 +57,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common-write.sh"
 
 : "${BENCH_ONLY:=headline curve subset}"
 : "${BENCH_ZSTD_LEVELS:=1 3 6 9}"
-: "${BENCH_ZLIB_LEVELS:=1 6 9}"
+: "${BENCH_ZLIB_LEVELS:=1 5 6 9}"
 : "${BENCH_SUBSET_LEVELS:=19}"
 if [ "$BENCH_QUICK" = 1 ]; then
     : "${BENCH_SUBSET:=32M}"
@@ -72,9 +72,9 @@ FILTER_ARGS=($BENCH_FILTER_ARGS)
 # shellcheck disable=SC2206
 NBDCOPY_ARGS=($BENCH_NBDCOPY_ARGS)
 
-# The defaults of the filter and of qemu (qemu's levels are fixed:
-# ZSTD_CLEVEL_DEFAULT and Z_DEFAULT_COMPRESSION).
-declare -A DEFAULT_LEVEL=([zstd]=3 [zlib]=6)
+# The filter's default levels (qemu's are fixed: ZSTD_CLEVEL_DEFAULT, 3,
+# and Z_DEFAULT_COMPRESSION, 6).
+declare -A DEFAULT_LEVEL=([zstd]=3 [zlib]=5)
 read -r -a TYPES <<< "${BENCH_TYPES:-zstd zlib}"
 declare -A LABEL=([filter]="qcow2zstd filter" [qemu]="qemu-img convert")
 declare -A SPEED=() SIZE=() CPU=()
