@@ -37,6 +37,27 @@ daemon_started ()
     _pids+=("$DAEMON_PID")
 }
 
+# foreground_start LOG NBDKIT-ARGS...: an example that runs nbdkit in
+# the foreground (-f) on $SOCK: start it in the background of this
+# script with its stderr in LOG and wait for the socket.
+# foreground_stop: stop it and wait until it has exited.
+foreground_start ()
+{
+    local log=$1
+    shift
+    rm -f "$SOCK"
+    run_nbdkit "$@" 2> "$log" &
+    FOREGROUND_PID=$!
+    _pids+=("$FOREGROUND_PID")
+    for _ in $(seq 300); do [ -S "$SOCK" ] && break; sleep 0.1; done
+    [ -S "$SOCK" ] || { cat "$log"; fail "$log: nbdkit did not start"; }
+}
+foreground_stop ()
+{
+    kill "$FOREGROUND_PID"
+    wait "$FOREGROUND_PID" 2>/dev/null || true
+}
+
 # daemon_stop: stop the background nbdkit and wait until it has exited
 # (and so written its metadata).
 daemon_stop ()
@@ -273,17 +294,11 @@ fi
 # ----------------------------------------------------------------- 9
 # nbdkit -f -v -D qcow2zstd.image=1 -D qcow2zstd.stats=1 \
 #        -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2
-rm -f "$SOCK"
-run_nbdkit -f -v -D qcow2zstd.image=1 -D qcow2zstd.stats=1 \
-       -U "$SOCK" --filter="$FILTER" file disk.qcow2 2> ex9.log &
-ex9=$!
-_pids+=("$ex9")
-for _ in $(seq 300); do [ -S "$SOCK" ] && break; sleep 0.1; done
-[ -S "$SOCK" ] || { cat ex9.log; fail "example 9: nbdkit did not start"; }
+foreground_start ex9.log -f -v -D qcow2zstd.image=1 -D qcow2zstd.stats=1 \
+       -U "$SOCK" --filter="$FILTER" file disk.qcow2
 nbdcopy "$URI" ex9.raw
 cmp ex9.raw now.raw || fail "example 9: read differs"
-kill "$ex9"
-wait "$ex9" 2>/dev/null || true
+foreground_stop
 grep -q "qcow2zstd: qcow2 v3, cluster size 65536, virtual size $((16 << 20)), zstd compression" ex9.log ||
     { grep qcow2zstd ex9.log; fail "example 9: no image summary in the log"; }
 grep -Eq "qcow2zstd: stats for export '.*': [0-9]+ clusters decompressed" ex9.log ||
@@ -368,13 +383,8 @@ echo "example 13 (extended L2, read-only): reads as qemu reads it"
 # ---------------------------------------------------------------- 14
 # nbdkit -f -v -D qcow2zstd.map=1 -D qcow2zstd.pool=1 \
 #        -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2
-rm -f "$SOCK"
-run_nbdkit -f -v -D qcow2zstd.map=1 -D qcow2zstd.pool=1 \
-       -U "$SOCK" --filter="$FILTER" file disk.qcow2 2> ex14.log &
-ex14=$!
-_pids+=("$ex14")
-for _ in $(seq 300); do [ -S "$SOCK" ] && break; sleep 0.1; done
-[ -S "$SOCK" ] || { cat ex14.log; fail "example 14: nbdkit did not start"; }
+foreground_start ex14.log -f -v -D qcow2zstd.map=1 -D qcow2zstd.pool=1 \
+       -U "$SOCK" --filter="$FILTER" file disk.qcow2
 # A client reading 4 KiB at a time.
 $PYTHON -c "
 import nbd, sys
@@ -382,8 +392,7 @@ h = nbd.NBD(); h.connect_uri(sys.argv[1])
 for off in range(0, 1 << 20, 4096):
     h.pread(4096, off)
 " "$URI"
-kill "$ex14"
-wait "$ex14" 2>/dev/null || true
+foreground_stop
 grep -q "qcow2zstd: read 0x[0-9a-f]*+4096: " ex14.log || { grep qcow2zstd ex14.log | head; fail "example 14: no map lines"; }
 grep -q "qcow2zstd: pool: " ex14.log || { grep qcow2zstd ex14.log | head; fail "example 14: no pool lines"; }
 echo "example 14 (-D qcow2zstd.map=1 -D qcow2zstd.pool=1, 4 KiB reads): map and pool lines logged"
