@@ -212,6 +212,10 @@ int qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
  */
 int qcow2_alloc_pack_cluster (struct qcow2_image *img, struct qcow2_io *io,
                               uint64_t *offset);
+/* The host cluster that compressed data packed up to pack_cursor runs on
+ * into next, or UINT64_MAX when nothing is being packed.
+ */
+uint64_t qcow2_pack_next_cluster (const struct qcow2_image *img);
 /* Stop packing compressed data after pack_cursor; the host cluster kept
  * free for it goes back to the allocator.
  */

@@ -237,13 +237,13 @@ is_fixed_metadata (struct qcow2_image *img, uint64_t cluster)
   return false;
 }
 
-/* The host cluster that packed compressed data runs on into next, kept
- * free for it: a plain cluster or a table allocated there would cut the
- * packing short and leave the rest of the current host cluster unused
- * (qemu does that; its images come out slightly larger).
+/* The allocator keeps this cluster free for the packing: a plain cluster
+ * or a table allocated there would cut the packing short and leave the
+ * rest of the current host cluster unused (qemu does that; its images
+ * come out slightly larger).
  */
-static uint64_t
-pack_reserved (const struct qcow2_image *img)
+uint64_t
+qcow2_pack_next_cluster (const struct qcow2_image *img)
 {
   if (img->pack_cursor == 0)
     return UINT64_MAX;
@@ -271,7 +271,7 @@ release_window (struct refcounts *rc)
 void
 qcow2_pack_reset (struct qcow2_image *img)
 {
-  uint64_t reserved = pack_reserved (img);
+  uint64_t reserved = qcow2_pack_next_cluster (img);
 
   if (reserved < img->rc.free_hint)
     img->rc.free_hint = reserved;
@@ -287,7 +287,7 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
            uint64_t count, uint64_t *found)
 {
   struct refcounts *rc = &img->rc;
-  const uint64_t reserved = pack_reserved (img);
+  const uint64_t reserved = qcow2_pack_next_cluster (img);
   uint64_t run_start = start, i = start;
   int r;
 
@@ -528,8 +528,9 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
     r = find_free (img, io, rc->free_hint, count, &first);
     if (r < 0)
       return r;
-    if (first == UINT64_MAX && (pack_reserved (img) != UINT64_MAX ||
-                                rc->window_next < rc->window_end)) {
+    if (first == UINT64_MAX &&
+        (qcow2_pack_next_cluster (img) != UINT64_MAX ||
+         rc->window_next < rc->window_end)) {
       /* Out of room but for the clusters set apart: give them up. */
       qcow2_pack_reset (img);
       continue;

@@ -414,18 +414,18 @@ pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
   int r;
 
   if (cur) {
-    uint64_t cluster_end = ((cur - 1) | (cluster_size - 1)) + 1;
-    if (cur + len > cluster_end) {
+    uint64_t next = qcow2_pack_next_cluster (img);
+    if (cur + len > next << bits) {
       /* No writeback here: it could release the cluster CUR is in. */
       img->rc.no_reclaim = true;
-      r = qcow2_alloc_cluster_at (img, io, cluster_end >> bits);
+      r = qcow2_alloc_cluster_at (img, io, next);
       img->rc.no_reclaim = false;
       if (r == -EBUSY)
         cur = 0;
       else if (r < 0)
         return r;
       else
-        fresh[nfresh++] = cluster_end >> bits;
+        fresh[nfresh++] = next;
     }
   }
   if (cur == 0) {
