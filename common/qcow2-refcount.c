@@ -381,6 +381,13 @@ new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index)
     counted = true;
   }
 
+  if (tablemap_find (&rc->blocks, cluster << img->header.cluster_bits)) {
+    qcow2_error (img, "host cluster 0x%" PRIx64 " holds a refcount block "
+                 "but is taken for another one: the refcounts are corrupt "
+                 "(repair them with qemu-img check -r all)",
+                 cluster << img->header.cluster_bits);
+    return -EIO;
+  }
   t = calloc (1, sizeof *t + img->header.cluster_size);
   if (t == NULL) {
     qcow2_error (img, "out of memory for a refcount block");
