@@ -237,6 +237,19 @@ is_fixed_metadata (struct qcow2_image *img, uint64_t cluster)
   return false;
 }
 
+/* A table the engine holds in memory sits there.  Only corrupt
+ * refcounts (a table counted 0) make a free cluster hold one; handing it
+ * out would overwrite the table.
+ */
+static bool
+holds_known_table (struct qcow2_image *img, uint64_t cluster)
+{
+  uint64_t off = cluster << img->header.cluster_bits;
+
+  return tablemap_find (&img->rc.blocks, off) != NULL ||
+    tablemap_find (&img->dirty_l2, off) != NULL;
+}
+
 /* The allocator keeps this cluster free for the packing: a plain cluster
  * or a table allocated there would cut the packing short and leave the
  * rest of the current host cluster unused (qemu does that; its images
@@ -303,7 +316,7 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
     if (r < 0)
       return r;
     if (refcount != 0 || i == reserved || in_window (rc, i) ||
-        is_fixed_metadata (img, i))
+        is_fixed_metadata (img, i) || holds_known_table (img, i))
       run_start = i + 1;
     i++;
   }
