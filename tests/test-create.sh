@@ -187,6 +187,54 @@ grep -q "too small" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "no message f
 stop_server
 echo "device too small: refused"
 
+# A device served by nbdkit's eval plugin, which has no flush (nbdkit
+# asserts if a filter flushes such a plugin).  FAULT=read fails reads past
+# the first cluster (the check of the tables' clusters), FAULT=write fails
+# every write, FAULT=none serves the file as it is.
+start_eval_device ()
+{
+    local fault=$1
+    shift
+    start_server "$PWD/sock" eval \
+        get_size='stat -c %s device.img' \
+        pread='if [ "'$fault'" = read ] && [ "$4" -ge 65536 ]; then
+                 echo "EIO injected read error" >&2; exit 1; fi
+               dd if=device.img skip="$4" count="$3" iflag=skip_bytes,count_bytes status=none' \
+        pwrite='if [ "'$fault'" = write ]; then echo "EIO injected write error" >&2; exit 1; fi
+                dd of=device.img seek="$4" iflag=count_bytes oflag=seek_bytes conv=notrunc status=none' \
+        "$@"
+}
+if nbdkit --dump-plugin eval > /dev/null 2>&1; then
+    # A device that fails while it is formatted: the connection is
+    # refused with the step that failed, and no header is written.
+    for fault in read write; do
+        rm -f device.img; truncate -s 4M device.img
+        start_eval_device $fault qcow2-create=1M
+        nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "formatted a device whose ${fault}s fail"
+        case $fault in
+            read) msg="qcow2-create: cannot read the device" ;;
+            write) msg="qcow2-create: writing the new image failed" ;;
+        esac
+        grep -q "$msg" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "no message for failing ${fault}s"; }
+        stop_server
+        cmp -s device.img <(head -c 4M /dev/zero) || fail "failing ${fault}s: the device was written"
+        echo "device whose ${fault}s fail: refused ($msg)"
+    done
+    # A device without flush takes a created image and compressed writes.
+    rm -f device.img; truncate -s 4M device.img
+    head -c 300000 /dev/urandom > part.raw
+    { head -c 200000 /dev/zero; cat part.raw; for i in $(seq 500); do echo "text line $i of a plugin without flush"; done; } > noflush.raw
+    truncate -s 1M noflush.raw
+    start_eval_device none qcow2-create=1M
+    nbdcopy --flush noflush.raw "$(nbd_uri "$PWD/sock")" || { cat "$PWD/sock.log"; fail "nbdcopy into a device without flush"; }
+    stop_server
+    qemu-img check -q -f qcow2 device.img || fail "device without flush: qemu-img check"
+    qemu-img compare -q -f qcow2 -F raw device.img noflush.raw || fail "device without flush: data differs"
+    echo "device without flush (eval plugin): created, written, check clean, identical"
+else
+    echo "devices from nbdkit's eval plugin: not run (the eval plugin is not installed)"
+fi
+
 # A zlib level outside zlib's range is refused when the image is known.
 rm -f new.qcow2; truncate -s 4M new.qcow2
 start_server "$PWD/sock" file new.qcow2 qcow2-create=1M qcow2-compression-type=zlib qcow2-compression-level=15

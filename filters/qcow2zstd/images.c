@@ -89,7 +89,16 @@ next_flush (void *opaque)
 {
   nbdkit_next *next = opaque;
   int err = 0;
+  int can_flush = next->can_flush (next);
 
+  /* nbdkit asserts on a flush to a plugin without one.  Such a plugin's
+   * writes are as durable as it ever makes them once they return, so
+   * the engine's ordering still holds.
+   */
+  if (can_flush == -1)
+    return -EIO;
+  if (can_flush == 0)
+    return 0;
   if (next->flush (next, 0, &err) == -1)
     return -(err ? err : EIO);
   return 0;
