@@ -190,18 +190,20 @@ echo "device too small: refused"
 # A device served by nbdkit's eval plugin, which has no flush (nbdkit
 # asserts if a filter flushes such a plugin).  FAULT=read fails reads past
 # the first cluster (the check of the tables' clusters), FAULT=write fails
-# every write, FAULT=none serves the file as it is.
+# every write, FAULT=none serves the file as it is.  The scripts' tools
+# run without the sanitizer runtime that nbdkit gets under
+# --enable-sanitizers (ASan rejects dd's aligned_alloc).
 start_eval_device ()
 {
     local fault=$1
     shift
     start_server "$PWD/sock" eval \
-        get_size='stat -c %s device.img' \
+        get_size='env -u LD_PRELOAD stat -c %s device.img' \
         pread='if [ "'$fault'" = read ] && [ "$4" -ge 65536 ]; then
                  echo "EIO injected read error" >&2; exit 1; fi
-               dd if=device.img skip="$4" count="$3" iflag=skip_bytes,count_bytes status=none' \
+               env -u LD_PRELOAD dd if=device.img skip="$4" count="$3" iflag=skip_bytes,count_bytes status=none' \
         pwrite='if [ "'$fault'" = write ]; then echo "EIO injected write error" >&2; exit 1; fi
-                dd of=device.img seek="$4" iflag=count_bytes oflag=seek_bytes conv=notrunc status=none' \
+                env -u LD_PRELOAD dd of=device.img seek="$4" iflag=count_bytes oflag=seek_bytes conv=notrunc status=none' \
         "$@"
 }
 if nbdkit --dump-plugin eval > /dev/null 2>&1; then
