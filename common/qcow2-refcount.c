@@ -214,12 +214,13 @@ qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
 }
 
 /* Clusters the allocator must never hand out even if their refcount says
- * they are free: the header, the L1 table and the refcount table.  A
- * valid image counts them anyway; this keeps a damaged one from being
- * made worse.
+ * they are free: the header, the L1 table, the refcount table, and every
+ * refcount block and changed L2 table held in memory.  A valid image
+ * counts them anyway; this keeps a damaged one (a table counted 0) from
+ * being made worse, by one table overwriting another.
  */
 static bool
-is_fixed_metadata (struct qcow2_image *img, uint64_t cluster)
+holds_metadata (struct qcow2_image *img, uint64_t cluster)
 {
   const struct qcow2_header *h = &img->header;
   uint64_t off = cluster << h->cluster_bits;
@@ -234,18 +235,6 @@ is_fixed_metadata (struct qcow2_image *img, uint64_t cluster)
     return true;
   if (off < rt_end && end > img->rc.table_offset)
     return true;
-  return false;
-}
-
-/* A table the engine holds in memory sits there.  Only corrupt
- * refcounts (a table counted 0) make a free cluster hold one; handing it
- * out would overwrite the table.
- */
-static bool
-holds_known_table (struct qcow2_image *img, uint64_t cluster)
-{
-  uint64_t off = cluster << img->header.cluster_bits;
-
   return tablemap_find (&img->rc.blocks, off) != NULL ||
     tablemap_find (&img->dirty_l2, off) != NULL;
 }
@@ -316,7 +305,7 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
     if (r < 0)
       return r;
     if (refcount != 0 || i == reserved || in_window (rc, i) ||
-        is_fixed_metadata (img, i) || holds_known_table (img, i))
+        holds_metadata (img, i))
       run_start = i + 1;
     i++;
   }
@@ -377,12 +366,12 @@ new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index)
    * then never needs another block to count it.
    */
   cluster = rt_index << rc->block_bits;
-  while (cluster < rc->host_clusters && is_fixed_metadata (img, cluster))
+  while (cluster < rc->host_clusters && holds_metadata (img, cluster))
     cluster++;
   counted = false;
   if (cluster >= rc->host_clusters ||
       cluster >> rc->block_bits != rt_index) {
-    /* The range holds nothing but fixed metadata (a large L1 table of a
+    /* The range holds nothing but metadata (a large L1 table of a
      * new image): the block goes wherever the allocator finds room,
      * which also counts it.
      */
@@ -394,13 +383,6 @@ new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index)
     counted = true;
   }
 
-  if (tablemap_find (&rc->blocks, cluster << img->header.cluster_bits)) {
-    qcow2_error (img, "host cluster 0x%" PRIx64 " holds a refcount block "
-                 "but is taken for another one: the refcounts are corrupt "
-                 "(repair them with qemu-img check -r all)",
-                 cluster << img->header.cluster_bits);
-    return -EIO;
-  }
   t = calloc (1, sizeof *t + img->header.cluster_size);
   if (t == NULL) {
     qcow2_error (img, "out of memory for a refcount block");
@@ -621,7 +603,7 @@ qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
   int r;
 
   if (index >= rc->host_clusters || in_window (rc, index) ||
-      is_fixed_metadata (img, index))
+      holds_metadata (img, index))
     return -EBUSY;
   r = get_block (img, io, index >> rc->block_bits, &block);
   if (r == 0 && block == NULL)

@@ -87,15 +87,6 @@ l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
     r = qcow2_alloc_clusters (img, io, 1, &offset);
     if (r < 0)
       return r;
-    /* Only a corrupt image (an L2 table whose refcount is 0) makes the
-     * allocator hand out a table that is still in use.
-     */
-    if (tablemap_find (&img->dirty_l2, offset)) {
-      qcow2_error (img, "host cluster 0x%" PRIx64 " holds an L2 table but "
-                   "its refcount is 0: the refcounts are corrupt (repair "
-                   "them with qemu-img check -r all)", offset);
-      return -EIO;
-    }
     t = calloc (1, sizeof *t + h->cluster_size);
     if (t == NULL)
       goto nomem;
