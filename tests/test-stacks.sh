@@ -144,6 +144,29 @@ EOF
     cmp c-read.raw src.raw || fail "(c) readahead: nbdcopy read differs"
     stop_server
     ok_case c "readahead on top: sequential 4k and 7000-byte reads and nbdcopy identical"
+    # nbdkit 1.32's readahead sends its queued .cache requests from its own
+    # thread until its .close, which comes after this filter's .finalize:
+    # the filter must still serve them then.  delay-cache keeps a few
+    # queued when the client leaves (nbdkit crashed here before).
+    if have_filter delay; then
+        start_stack "$sock" -r --filter=readahead --filter=delay --filter="$FILTER" \
+            file base.qcow2 delay-cache=100ms
+        $PYTHON - "$uri" <<'EOF' || fail "(c) readahead: reads failed"
+import nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+for off in range(0, 5 * 4096, 4096):
+    h.pread(4096, off)
+h.shutdown()
+EOF
+        sleep 2     # the queue drains, 100 ms per request
+        [ "$(nbdinfo --size "$uri")" = 6291456 ] ||
+            { cat "$sock.log"; fail "(c) readahead: the server died serving .cache after the client left"; }
+        stop_server
+        ok_case c "readahead on top, client leaves with .cache requests queued: server still serving"
+    else
+        skip_case c "readahead, client leaves with .cache requests queued" "nbdkit has no delay filter"
+    fi
 else
     skip_case c "readahead on top" "nbdkit has no readahead filter"
 fi

@@ -118,17 +118,22 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
   return 0;
 }
 
+/* The last moment this connection may use next: write the metadata that
+ * its writes (and anyone else's) left in memory.  The reader and the
+ * image stay until .close, because a filter above may still send
+ * requests from its own thread after .finalize: nbdkit 1.32's readahead
+ * filter drains its queue of .cache requests only in its .close, which
+ * runs before ours.
+ */
 static int
 qcow2zstd_finalize (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
+  struct qcow2_io io = IO_FOR (next);
 
-  qcow2_reader_free (h->reader);
-  h->reader = NULL;
-  if (h->shared) {
-    images_release (h->shared, h->writable ? next : NULL);
-    h->shared = NULL;
-  }
+  /* Errors were logged; what is on disk is consistent either way. */
+  if (h->writable)
+    qcow2_flush (images_engine (h->shared), &io);
   return 0;
 }
 
@@ -137,10 +142,9 @@ qcow2zstd_close (void *handle)
 {
   struct handle *h = handle;
 
-  /* finalize is skipped when prepare failed part way. */
   qcow2_reader_free (h->reader);
   if (h->shared)
-    images_release (h->shared, NULL);
+    images_release (h->shared);
   free (h->exportname);
   free (h);
 }
