@@ -9,6 +9,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,8 @@ struct handle {
   struct shared_image *shared;
   struct qcow2_reader *reader;
   bool writable;
+  /* Held for reading by .cache, for writing by .finalize: see there. */
+  pthread_rwlock_t finalize_lock;
 };
 
 static void
@@ -81,6 +84,7 @@ qcow2zstd_open (nbdkit_next_open *next, nbdkit_context *nxdata,
     free (h);
     return NULL;
   }
+  pthread_rwlock_init (&h->finalize_lock, NULL);
   return h;
 }
 
@@ -118,22 +122,26 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
   return 0;
 }
 
-/* The last moment this connection may use next: write the metadata that
- * its writes (and anyone else's) left in memory.  The reader and the
- * image stay until .close, because a filter above may still send
- * requests from its own thread after .finalize: nbdkit 1.32's readahead
- * filter drains its queue of .cache requests only in its .close, which
- * runs before ours.
+/* The reader and the image are released here rather than in .close,
+ * which nbdkit skips when it is shutting down.  nbdkit's own threads send
+ * no request after .finalize, but a filter above may, from a thread of
+ * its own: nbdkit 1.32's readahead sends the .cache requests still in
+ * its queue until its .close.  .cache therefore holds finalize_lock and
+ * ignores what comes after.
  */
 static int
 qcow2zstd_finalize (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
 
-  /* Errors were logged; what is on disk is consistent either way. */
-  if (h->writable)
-    qcow2_flush (images_engine (h->shared), &io);
+  pthread_rwlock_wrlock (&h->finalize_lock);
+  qcow2_reader_free (h->reader);
+  h->reader = NULL;
+  if (h->shared) {
+    images_release (h->shared, h->writable ? next : NULL);
+    h->shared = NULL;
+  }
+  pthread_rwlock_unlock (&h->finalize_lock);
   return 0;
 }
 
@@ -142,9 +150,11 @@ qcow2zstd_close (void *handle)
 {
   struct handle *h = handle;
 
+  /* finalize is skipped when prepare failed part way. */
   qcow2_reader_free (h->reader);
   if (h->shared)
-    images_release (h->shared);
+    images_release (h->shared, NULL);
+  pthread_rwlock_destroy (&h->finalize_lock);
   free (h->exportname);
   free (h);
 }
@@ -333,8 +343,16 @@ qcow2zstd_cache (nbdkit_next *next, void *handle,
 {
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
-  int r = qcow2_prefetch (h->reader, &io, offset, count);
+  int r = 0;
 
+  /* A prefetch is only advice: after .finalize there is nothing to do. */
+  pthread_rwlock_rdlock (&h->finalize_lock);
+  if (h->reader)
+    r = qcow2_prefetch (h->reader, &io, offset, count);
+  else
+    nbdkit_debug ("qcow2zstd: cache request after the connection was finalized: "
+                  "ignored");
+  pthread_rwlock_unlock (&h->finalize_lock);
   if (r < 0) {
     *err = -r;
     return -1;
