@@ -107,6 +107,12 @@ struct qcow2_image {
    */
   _Atomic uint64_t free_generation;
 
+  /* Bytes written to the file since the last flush began, and whether
+   * a write is flushing them early (flush_data_early in qcow2-write.c).
+   */
+  _Atomic uint64_t unflushed_bytes;
+  atomic_bool early_flush_running;
+
   _Atomic unsigned active_reads;      /* reads in progress, all readers */
   _Atomic uint64_t clusters_decompressed;
   _Atomic uint64_t bytes_read_underneath;

@@ -67,14 +67,19 @@ qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,
   if (r < 0)
     qcow2_error (img, "write of %" PRIu64 " bytes at host offset 0x%" PRIx64
                  " failed: %s", len, offset, strerror (-r));
+  else
+    atomic_fetch_add_explicit (&img->unflushed_bytes, len,
+                               memory_order_relaxed);
   return r;
 }
 
 int
 qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io)
 {
-  int r = io->flush (io->opaque);
+  int r;
 
+  atomic_store_explicit (&img->unflushed_bytes, 0, memory_order_relaxed);
+  r = io->flush (io->opaque);
   if (r < 0)
     qcow2_error (img, "flush failed: %s", strerror (-r));
   return r;

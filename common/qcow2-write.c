@@ -608,6 +608,33 @@ write_compressed (struct qcow2_reader *reader, struct qcow2_io *io,
   return r;
 }
 
+/* A stream of writes (a whole disk copied in) leaves its data in the
+ * host's page cache, where the kernel's own writeback may not touch it
+ * for many seconds; the final flush then waits for all of it at once.
+ * Flushing each time this much has been written, from the writing thread
+ * and outside the image lock, lets the device write while other threads
+ * go on compressing.  It is only a flush of data already written: it
+ * takes no part in the ordering of metadata updates.
+ */
+#define EARLY_FLUSH_BYTES (UINT64_C (64) << 20)
+
+static int
+flush_data_early (struct qcow2_image *img, struct qcow2_io *io)
+{
+  bool running = false;
+  int r;
+
+  if (atomic_load_explicit (&img->unflushed_bytes, memory_order_relaxed)
+      < EARLY_FLUSH_BYTES)
+    return 0;
+  if (!atomic_compare_exchange_strong (&img->early_flush_running,
+                                       &running, true))
+    return 0;
+  r = qcow2_flush_logged (img, io);
+  atomic_store (&img->early_flush_running, false);
+  return r;
+}
+
 int
 qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
              const void *buf, uint64_t count, uint64_t offset, bool fua)
@@ -624,13 +651,16 @@ qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
     r = write_compressed (reader, io, buf, count, offset);
     if (r == 0 && fua)
       r = qcow2_flush (img, io);
-    return r;
   }
-  pthread_rwlock_wrlock (&img->lock);
-  r = change_range (img, io, OP_WRITE, buf, count, offset);
-  if (r == 0 && fua)
-    r = flush_locked (img, io, true);
-  pthread_rwlock_unlock (&img->lock);
+  else {
+    pthread_rwlock_wrlock (&img->lock);
+    r = change_range (img, io, OP_WRITE, buf, count, offset);
+    if (r == 0 && fua)
+      r = flush_locked (img, io, true);
+    pthread_rwlock_unlock (&img->lock);
+  }
+  if (r == 0)
+    r = flush_data_early (img, io);
   return r;
 }
 

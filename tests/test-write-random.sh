@@ -62,3 +62,35 @@ for cs in 512 4096 65536 2097152; do
         done
     done
 done
+
+# A stream of writes with no flush from the client: the filter flushes
+# the plugin itself after each 64 MiB written (so that the final flush
+# does not wait for all of it).  The log filter under it sees the
+# flushes while the client is still connected and has not flushed.
+nbdkit --filter=log null --dump-plugin >/dev/null 2>&1 || {
+    echo "early flush: skipped: nbdkit has no log filter"; exit 0; }
+rm -f stream.qcow2 stream.log
+truncate -s 256M stream.qcow2
+start_server "$PWD/sock" --filter=log file stream.qcow2 logfile="$PWD/stream.log" \
+    qcow2-create=200M qcow2-compress=false
+$PYTHON - "$(nbd_uri "$PWD/sock")" stream.log <<'EOF' || fail "early flush: see above"
+import nbd, os, sys
+
+def flushes():
+    # Requests only ("Flush id=N ..."), not the "...Flush id=N return" lines.
+    return sum(" Flush id=" in line for line in open(sys.argv[2]))
+
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+before = flushes()              # those of qcow2-create
+chunk = os.urandom(4 << 20)
+for off in range(0, 200 << 20, 4 << 20):
+    h.pwrite(chunk, off)
+n = flushes() - before
+print("early flush: %d flushes of the plugin during 200 MiB of writes" % n)
+if n < 2:
+    sys.exit("expected at least 2 flushes (one per 64 MiB written), saw %d" % n)
+h.shutdown()
+EOF
+stop_server
+qemu-img check stream.qcow2 > check.out 2>&1 || { cat check.out; fail "early flush: qemu-img check failed"; }
