@@ -3,8 +3,8 @@
  * Connections to the same export share one engine image, so that they
  * share its caches and its metadata: writes from one are seen by the
  * others, and a flush through any of them writes everyone's changes.
- * The image opens with the export's first connection and closes (after a
- * final flush) with its last.
+ * The image opens with the export's first connection and closes with
+ * its last; each connection that can write flushes as it finalizes.
  */
 
 #include <config.h>
@@ -203,17 +203,12 @@ images_acquire (nbdkit_next *next, const char *exportname, bool writable)
 }
 
 void
-images_release (struct shared_image *shared, nbdkit_next *next)
+images_release (struct shared_image *shared)
 {
   struct shared_image **link;
 
   pthread_mutex_lock (&images_lock);
   if (--shared->users == 0) {
-    if (next) {
-      struct qcow2_io io = IO_FOR (next);
-      /* Errors were logged; what is on disk is consistent either way. */
-      qcow2_flush (shared->engine, &io);
-    }
     if (!shared->stats_logged)
       params_log_stats (shared->engine, shared->exportname);
     qcow2_image_close (shared->engine);

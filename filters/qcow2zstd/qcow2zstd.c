@@ -138,7 +138,15 @@ qcow2zstd_finalize (nbdkit_next *next, void *handle)
   qcow2_reader_free (h->reader);
   h->reader = NULL;
   if (h->shared) {
-    images_release (h->shared, h->writable ? next : NULL);
+    /* Every connection that can write flushes: the export's last one to
+     * leave may be one that cannot.  Errors were logged; what is on disk
+     * is consistent either way.
+     */
+    if (h->writable) {
+      struct qcow2_io io = IO_FOR (next);
+      qcow2_flush (images_engine (h->shared), &io);
+    }
+    images_release (h->shared);
     h->shared = NULL;
   }
   pthread_rwlock_unlock (&h->finalize_lock);
@@ -153,7 +161,7 @@ qcow2zstd_close (void *handle)
   /* finalize is skipped when prepare failed part way. */
   qcow2_reader_free (h->reader);
   if (h->shared)
-    images_release (h->shared, NULL);
+    images_release (h->shared);
   pthread_rwlock_destroy (&h->finalize_lock);
   free (h->exportname);
   free (h);

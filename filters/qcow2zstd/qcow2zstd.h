@@ -18,10 +18,10 @@ struct shared_image;
  */
 struct shared_image *images_acquire (nbdkit_next *next,
                                      const char *exportname, bool writable);
-/* Leave it; the last one out flushes through NEXT (if not NULL) and
- * closes the image.
+/* Leave it; the last one out closes the image.  It does not flush: by
+ * then every connection that could write has flushed in its .finalize.
  */
-void images_release (struct shared_image *shared, nbdkit_next *next);
+void images_release (struct shared_image *shared);
 struct qcow2_image *images_engine (struct shared_image *shared);
 void images_cleanup (void);
 void images_unload (void);
