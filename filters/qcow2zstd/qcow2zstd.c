@@ -358,8 +358,8 @@ qcow2zstd_cache (nbdkit_next *next, void *handle,
   if (h->reader)
     r = qcow2_prefetch (h->reader, &io, offset, count);
   else
-    nbdkit_debug ("qcow2zstd: cache request after the connection was finalized: "
-                  "ignored");
+    nbdkit_debug ("qcow2zstd: cache request after the connection was "
+                  "finalized: ignored");
   pthread_rwlock_unlock (&h->finalize_lock);
   if (r < 0) {
     *err = -r;
