@@ -1,11 +1,11 @@
-/* qcow2zstd engine: compressing whole clusters in the connection's pool.
+/* qcow2zstd engine: compressing whole clusters on the image's compressor
+ * threads.
  *
  * A write of whole clusters is compressed before the image lock is
- * taken, one job per cluster, by the pool's workers and the calling
- * thread together; only placing the results needs the lock.  Contexts
- * (source pointers, results, the output area) are kept on a per-reader
- * free list and grow to the largest batch seen, so a stream of writes
- * allocates nothing.
+ * taken, one job per cluster; only placing the results needs the lock.
+ * Batch contexts (source pointers, results, the output area) are kept on
+ * a per-reader free list and grow to the largest batch seen, so a stream
+ * of writes allocates nothing.
  */
 
 #include <config.h>
@@ -17,7 +17,6 @@
 
 #include "qcow2-internal.h"
 #include "qcow2-codec.h"
-#include "qcow2-pool.h"
 
 /* Output per batch: enough to keep two threads busy, small enough that
  * many concurrent requests stay cheap in memory.
@@ -44,6 +43,7 @@ ctx_free (struct compress_ctx *ctx)
   free (ctx->src_len);
   free (ctx->result);
   free (ctx->out);
+  pthread_cond_destroy (&ctx->finished);
   free (ctx);
 }
 
@@ -66,6 +66,7 @@ qcow2_compress_ctx_get (struct qcow2_reader *reader, size_t clusters)
     if (ctx == NULL)
       goto nomem;
     ctx->img = img;
+    pthread_cond_init (&ctx->finished, NULL);
   }
   if (ctx->capacity < clusters) {
     const uint8_t **src = realloc (ctx->src, clusters * sizeof *src);
@@ -117,71 +118,6 @@ qcow2_compress_ctx_free_all (struct qcow2_reader *reader)
   }
 }
 
-/* Every request of every connection has a thread that joins in on its
- * batch, and the pools' workers come on top: dozens of threads may be in
- * a compression job at once on a few CPUs.  With a compressor each, most
- * of a megabyte of zstd tables apiece, used in turn, the tables are never
- * in the CPU's cache (zstd took 20% longer with 16 contexts in rotation
- * than with one, 32% with 64).  So compressors are shared, at most one
- * per CPU: a job waits for one (a thread more could not run anyway), and
- * takes the most recently used, whose tables are warm.
- */
-struct encoder_slot {
-  struct encoder_slot *next;
-  struct qcow2_encoder *enc;
-};
-
-static struct encoder_slot *
-encoder_get (struct qcow2_image *img)
-{
-  struct encoder_slot *slot;
-
-  pthread_mutex_lock (&img->encoders_lock);
-  while (img->encoders == NULL && img->encoders_made >= img->encoders_max)
-    pthread_cond_wait (&img->encoder_returned, &img->encoders_lock);
-  slot = img->encoders;
-  if (slot)
-    img->encoders = slot->next;
-  else
-    img->encoders_made++;
-  pthread_mutex_unlock (&img->encoders_lock);
-  if (slot)
-    return slot;
-
-  slot = malloc (sizeof *slot);
-  if (slot && (slot->enc = qcow2_encoder_new ()) != NULL)
-    return slot;
-  free (slot);
-  pthread_mutex_lock (&img->encoders_lock);
-  img->encoders_made--;
-  pthread_cond_signal (&img->encoder_returned);
-  pthread_mutex_unlock (&img->encoders_lock);
-  return NULL;
-}
-
-static void
-encoder_put (struct qcow2_image *img, struct encoder_slot *slot)
-{
-  pthread_mutex_lock (&img->encoders_lock);
-  slot->next = img->encoders;
-  img->encoders = slot;
-  pthread_cond_signal (&img->encoder_returned);
-  pthread_mutex_unlock (&img->encoders_lock);
-}
-
-void
-qcow2_encoders_free (struct qcow2_image *img)
-{
-  struct encoder_slot *slot;
-
-  while ((slot = img->encoders) != NULL) {
-    img->encoders = slot->next;
-    qcow2_encoder_free (slot->enc);
-    free (slot);
-  }
-  img->encoders_made = 0;
-}
-
 static bool
 all_zero (const uint8_t *p, size_t len)
 {
@@ -189,66 +125,196 @@ all_zero (const uint8_t *p, size_t len)
   return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
 }
 
+/* The compressor threads.
+ *
+ * Every compression job of an image runs on one of its compressor
+ * threads, at most one per online CPU, each with a compression context
+ * of its own.  A thread that has jobs queued keeps running them, so it
+ * stays on its CPU and its context's tables (most of a megabyte for
+ * zstd) stay in that CPU's cache; the thread that received the write
+ * hands its whole batch over and sleeps once.  Before, the serving
+ * threads and the connections' pool workers compressed in turn, sharing
+ * one context per CPU: dozens of threads, a wake-up for each cluster,
+ * and CPUs left idle for a millisecond at a time while a woken thread
+ * waited on the other CPU's run queue.  In 6 alternating pairs of the
+ * zstd copy of the compression benchmark (2 CPUs), the change took the
+ * median wall time from 8.86 s to 7.83 s, and the CPUs from about 91%
+ * to 96% busy.
+ *
+ * The threads start with the image's first compressing write and stop
+ * when the image is closed.
+ */
+struct compressor {
+  struct qcow2_image *img;
+  pthread_t thread;
+  struct qcow2_encoder *enc;
+  uint8_t *scratch;             /* the zero padded last cluster */
+  char err[256];
+};
+
 static void
-compress_one (void *arg, size_t index, void *state)
+compress_job (struct compressor *c, struct compress_ctx *ctx, size_t index)
 {
-  struct compress_ctx *ctx = arg;
-  struct qcow2_image *img = ctx->img;
-  struct thread_state *ts = state;
-  const uint32_t cluster_size = img->header.cluster_size;
+  const uint32_t cluster_size = c->img->header.cluster_size;
   const uint8_t *in = ctx->src[index];
-  struct encoder_slot *slot;
   int64_t len;
   int expected = 0;
 
   if (ctx->src_len[index] < cluster_size) {
     /* The disk's last cluster: qemu compresses it zero padded. */
-    memcpy (ts->scratch, in, ctx->src_len[index]);
-    memset (ts->scratch + ctx->src_len[index], 0,
+    memcpy (c->scratch, in, ctx->src_len[index]);
+    memset (c->scratch + ctx->src_len[index], 0,
             cluster_size - ctx->src_len[index]);
-    in = ts->scratch;
+    in = c->scratch;
   }
   if (all_zero (in, cluster_size)) {
     ctx->result[index] = QCOW2_COMPRESS_ALL_ZERO;
     return;
   }
-  slot = encoder_get (img);
-  if (slot == NULL) {
-    snprintf (ts->err, sizeof ts->err, "out of memory for a compressor");
-    len = -1;
-  }
-  else {
-    /* qemu keeps a compressed cluster only if it saves at least a byte. */
-    len = qcow2_encode_cluster (slot->enc, img->header.compression_type,
-                                img->opts.compression_level,
-                                in, cluster_size,
-                                ctx->out + index * (size_t) cluster_size,
-                                cluster_size - 1, ts->err, sizeof ts->err);
-    encoder_put (img, slot);
-  }
+  /* qemu keeps a compressed cluster only if it saves at least a byte. */
+  len = qcow2_encode_cluster (c->enc, c->img->header.compression_type,
+                              c->img->opts.compression_level,
+                              in, cluster_size,
+                              ctx->out + index * (size_t) cluster_size,
+                              cluster_size - 1, c->err, sizeof c->err);
   if (len < 0 && atomic_compare_exchange_strong (&ctx->failed, &expected, 1))
-    snprintf (ctx->errmsg, sizeof ctx->errmsg, "%s", ts->err);
+    snprintf (ctx->errmsg, sizeof ctx->errmsg, "%s", c->err);
   ctx->result[index] = len < 0 ? 0 : len;
 }
 
-int
-qcow2_compress_run (struct qcow2_reader *reader, struct compress_ctx *ctx)
+static void *
+compressor_main (void *arg)
 {
-  struct qcow2_batch batch = {
-    .run = compress_one, .arg = ctx, .count = ctx->count,
-  };
-  struct request *req;
+  struct compressor *c = arg;
+  struct compress_queue *q = &c->img->compress_queue;
 
-  atomic_store (&ctx->failed, 0);
-  req = qcow2_request_get (reader);
-  if (req == NULL)
+  pthread_mutex_lock (&q->lock);
+  for (;;) {
+    struct compress_ctx *ctx;
+    size_t index;
+
+    while (!q->stopping && q->head == NULL)
+      pthread_cond_wait (&q->work_ready, &q->lock);
+    if (q->stopping)
+      break;
+    ctx = q->head;
+    index = ctx->next_job++;
+    if (ctx->next_job == ctx->count) {
+      q->head = ctx->queue_next;
+      if (q->head == NULL)
+        q->tail = NULL;
+    }
+    pthread_mutex_unlock (&q->lock);
+    compress_job (c, ctx, index);
+    pthread_mutex_lock (&q->lock);
+    if (++ctx->jobs_done == ctx->count)
+      pthread_cond_signal (&ctx->finished);
+  }
+  pthread_mutex_unlock (&q->lock);
+  return NULL;
+}
+
+static void
+compressor_free (struct compressor *c)
+{
+  qcow2_encoder_free (c->enc);
+  free (c->scratch);
+}
+
+/* Start the threads; call with the queue locked.  Fails only if not even
+ * one could start.
+ */
+static int
+compressors_start (struct qcow2_image *img)
+{
+  struct compress_queue *q = &img->compress_queue;
+  unsigned want = img->opts.compress_threads, cpus = qcow2_online_cpus ();
+  unsigned i;
+
+  if (want == 0)
+    want = 1;
+  if (want > cpus)
+    want = cpus;
+  q->threads = calloc (want, sizeof *q->threads);
+  if (q->threads == NULL)
     return -ENOMEM;
-  qcow2_pool_submit (qcow2_reader_pool (reader), &batch);
-  qcow2_pool_wait (qcow2_reader_pool (reader), &batch,
-                   qcow2_request_caller (req));
-  qcow2_request_put (reader, req);
+  for (i = 0; i < want; ++i) {
+    struct compressor *c = &q->threads[q->nthreads];
+
+    c->img = img;
+    c->enc = qcow2_encoder_new ();
+    c->scratch = malloc (img->header.cluster_size);
+    if (c->enc == NULL || c->scratch == NULL ||
+        pthread_create (&c->thread, NULL, compressor_main, c) != 0) {
+      compressor_free (c);
+      break;
+    }
+    q->nthreads++;
+  }
+  if (q->nthreads == 0) {
+    free (q->threads);
+    q->threads = NULL;
+    return -EAGAIN;
+  }
+  if (q->nthreads < want)
+    qcow2_debug (img, "started %u of %u compressor threads",
+                 q->nthreads, want);
+  return 0;
+}
+
+void
+qcow2_compressors_stop (struct qcow2_image *img)
+{
+  struct compress_queue *q = &img->compress_queue;
+  unsigned i;
+
+  pthread_mutex_lock (&q->lock);
+  q->stopping = true;
+  pthread_cond_broadcast (&q->work_ready);
+  pthread_mutex_unlock (&q->lock);
+  for (i = 0; i < q->nthreads; ++i) {
+    pthread_join (q->threads[i].thread, NULL);
+    compressor_free (&q->threads[i]);
+  }
+  free (q->threads);
+  q->threads = NULL;
+  q->nthreads = 0;
+  q->stopping = false;
+}
+
+int
+qcow2_compress_run (struct compress_ctx *ctx)
+{
+  struct qcow2_image *img = ctx->img;
+  struct compress_queue *q = &img->compress_queue;
+
+  if (ctx->count == 0)
+    return 0;
+  atomic_store (&ctx->failed, 0);
+  ctx->next_job = ctx->jobs_done = 0;
+  ctx->queue_next = NULL;
+
+  pthread_mutex_lock (&q->lock);
+  if (q->nthreads == 0 && compressors_start (img) < 0) {
+    pthread_mutex_unlock (&q->lock);
+    qcow2_error (img, "cannot start the compressor threads");
+    return -EAGAIN;
+  }
+  if (q->tail)
+    q->tail->queue_next = ctx;
+  else
+    q->head = ctx;
+  q->tail = ctx;
+  if (ctx->count > 1)
+    pthread_cond_broadcast (&q->work_ready);
+  else
+    pthread_cond_signal (&q->work_ready);
+  while (ctx->jobs_done < ctx->count)
+    pthread_cond_wait (&ctx->finished, &q->lock);
+  pthread_mutex_unlock (&q->lock);
+
   if (atomic_load (&ctx->failed)) {
-    qcow2_error (ctx->img, "%s", ctx->errmsg);
+    qcow2_error (img, "%s", ctx->errmsg);
     return -EIO;
   }
   return 0;

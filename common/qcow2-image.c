@@ -197,9 +197,8 @@ check_features_but_backing (const struct qcow2_header *h, char *err,
   return qcow2_header_check_features (&without, err, errlen);
 }
 
-/* More compressing threads than CPUs gain nothing (qcow2-compress.c). */
-static unsigned
-online_cpus (void)
+unsigned
+qcow2_online_cpus (void)
 {
   long cpus = sysconf (_SC_NPROCESSORS_ONLN);
 
@@ -226,9 +225,8 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
     img->log = *log;
   img->opts = *opts;
   pthread_rwlock_init (&img->lock, NULL);
-  pthread_mutex_init (&img->encoders_lock, NULL);
-  pthread_cond_init (&img->encoder_returned, NULL);
-  img->encoders_max = online_cpus ();
+  pthread_mutex_init (&img->compress_queue.lock, NULL);
+  pthread_cond_init (&img->compress_queue.work_ready, NULL);
 
   size = io->size (io->opaque);
   if (size < 0) {
@@ -352,10 +350,10 @@ qcow2_image_close (struct qcow2_image *img)
   free (img->wbuf);
   free (img->wcompressed);
   qcow2_decoder_free (img->wdecoder);
-  qcow2_encoders_free (img);
+  qcow2_compressors_stop (img);
   free (img->l1);
-  pthread_cond_destroy (&img->encoder_returned);
-  pthread_mutex_destroy (&img->encoders_lock);
+  pthread_cond_destroy (&img->compress_queue.work_ready);
+  pthread_mutex_destroy (&img->compress_queue.lock);
   pthread_rwlock_destroy (&img->lock);
   free (img);
 }

@@ -94,13 +94,15 @@ struct qcow2_image {
 
   struct backing *backing;    /* NULL: unallocated clusters read as zeros */
 
-  /* Compressors shared by every thread compressing for this image, the
-   * most recently used first, at most one per CPU (qcow2-compress.c).
-   */
-  pthread_mutex_t encoders_lock;
-  pthread_cond_t encoder_returned;
-  struct encoder_slot *encoders;    /* idle ones */
-  unsigned encoders_made, encoders_max;
+  /* Batches waiting for the compressor threads (qcow2-compress.c). */
+  struct compress_queue {
+    pthread_mutex_t lock;
+    pthread_cond_t work_ready;      /* a batch was queued, or stopping */
+    struct compress_ctx *head, *tail;
+    bool stopping;
+    unsigned nthreads;              /* 0: not started yet */
+    struct compressor *threads;
+  } compress_queue;
 
   /* Bumped before released clusters' cache entries are dropped, so that
    * a decode started before the release cannot put them back.
@@ -198,15 +200,26 @@ struct compress_ctx {
   uint8_t *out;                 /* capacity * cluster_size */
   _Atomic int failed;
   char errmsg[400];
+
+  /* Under the image's compress_queue lock. */
+  struct compress_ctx *queue_next;
+  size_t next_job;              /* next cluster for a compressor */
+  size_t jobs_done;
+  pthread_cond_t finished;      /* jobs_done reached count */
 };
 struct compress_ctx *qcow2_compress_ctx_get (struct qcow2_reader *reader,
                                              size_t clusters);
 void qcow2_compress_ctx_put (struct qcow2_reader *reader,
                              struct compress_ctx *ctx);
 void qcow2_compress_ctx_free_all (struct qcow2_reader *reader);
-int qcow2_compress_run (struct qcow2_reader *reader, struct compress_ctx *ctx);
-/* Free the image's idle compressors. */
-void qcow2_encoders_free (struct qcow2_image *img);
+/* Compress CTX's clusters on the image's compressor threads (starting
+ * them on first use) and wait for them.
+ */
+int qcow2_compress_run (struct compress_ctx *ctx);
+/* Join the image's compressor threads; no batch may be in flight. */
+void qcow2_compressors_stop (struct qcow2_image *img);
+/* The CPUs online, at least 1. */
+unsigned qcow2_online_cpus (void);
 /* Most clusters compressed in one batch. */
 size_t qcow2_compress_batch_max (const struct qcow2_image *img);
 

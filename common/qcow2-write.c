@@ -522,8 +522,8 @@ place_cluster (struct qcow2_image *img, struct qcow2_io *io, uint64_t gc,
 
 /* Compress the batch outside the lock, then place it under the lock. */
 static int
-flush_compress_batch (struct qcow2_reader *reader, struct qcow2_io *io,
-                      struct compress_ctx *ctx, uint64_t first_gc)
+flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
+                      uint64_t first_gc)
 {
   struct qcow2_image *img = ctx->img;
   size_t i;
@@ -531,7 +531,7 @@ flush_compress_batch (struct qcow2_reader *reader, struct qcow2_io *io,
 
   if (ctx->count == 0)
     return 0;
-  r = qcow2_compress_run (reader, ctx);
+  r = qcow2_compress_run (ctx);
   if (r < 0)
     return r;
   pthread_rwlock_wrlock (&img->lock);
@@ -590,10 +590,10 @@ write_compressed (struct qcow2_reader *reader, struct qcow2_io *io,
       ctx->count++;
       pos = cend;
       if (ctx->count == ctx->capacity)
-        r = flush_compress_batch (reader, io, ctx, batch_gc);
+        r = flush_compress_batch (io, ctx, batch_gc);
       continue;
     }
-    r = flush_compress_batch (reader, io, ctx, batch_gc);
+    r = flush_compress_batch (io, ctx, batch_gc);
     if (r < 0)
       break;
     pthread_rwlock_wrlock (&img->lock);
@@ -601,7 +601,7 @@ write_compressed (struct qcow2_reader *reader, struct qcow2_io *io,
     pthread_rwlock_unlock (&img->lock);
     pos = hi;
   }
-  r2 = flush_compress_batch (reader, io, ctx, batch_gc);
+  r2 = flush_compress_batch (io, ctx, batch_gc);
   if (r == 0)
     r = r2;
   qcow2_compress_ctx_put (reader, ctx);

@@ -22,6 +22,7 @@
 struct qcow2_options {
   bool writable;                  /* open for writing */
   unsigned threads;               /* pool workers per reader; 0: none */
+  unsigned compress_threads;      /* per image, at most one per CPU; 0: 1 */
   uint64_t request_size;          /* largest coalesced read underneath */
   uint64_t l2_cache_size;         /* bytes */
   uint64_t cluster_cache_size;    /* bytes */

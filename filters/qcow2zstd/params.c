@@ -245,6 +245,7 @@ params_complete (void)
    * workers in the pool.
    */
   engine_options.threads = threads - 1;
+  engine_options.compress_threads = threads;
 
   if (create_details_given && !create_requested) {
     nbdkit_error ("qcow2-cluster-size and qcow2-compression-type only "
