@@ -17,6 +17,7 @@
 
 #include "qcow2-internal.h"
 #include "qcow2-codec.h"
+#include "qcow2-pool.h"
 
 /* Output per batch: enough to keep two threads busy, small enough that
  * many concurrent requests stay cheap in memory.
@@ -127,11 +128,11 @@ all_zero (const uint8_t *p, size_t len)
 
 /* The compressor threads.
  *
- * Every compression job of an image runs on one of its compressor
- * threads, at most one per online CPU, each with a compression context
- * of its own.  A thread that has jobs queued keeps running them, so it
- * stays on its CPU and its context's tables (most of a megabyte for
- * zstd) stay in that CPU's cache; the thread that received the write
+ * Every compression job of an image runs on one of the workers of the
+ * image's own pool, at most one per online CPU, each with a compression
+ * context of its own.  A worker that has jobs queued keeps running them,
+ * so it stays on its CPU and its context's tables (most of a megabyte
+ * for zstd) stay in that CPU's cache; the thread that received the write
  * hands its whole batch over and sleeps once.  Before, the serving
  * threads and the connections' pool workers compressed in turn, sharing
  * one context per CPU: dozens of threads, a wake-up for each cluster,
@@ -141,20 +142,51 @@ all_zero (const uint8_t *p, size_t len)
  * median wall time from 8.86 s to 7.83 s, and the CPUs from about 91%
  * to 96% busy.
  *
- * The threads start with the image's first compressing write and stop
+ * The pool starts with the image's first compressing write and stops
  * when the image is closed.
  */
 struct compressor {
   struct qcow2_image *img;
-  pthread_t thread;
   struct qcow2_encoder *enc;
   uint8_t *scratch;             /* the zero padded last cluster */
   char err[256];
 };
 
 static void
-compress_job (struct compressor *c, struct compress_ctx *ctx, size_t index)
+compressor_free (void *state)
 {
+  struct compressor *c = state;
+
+  if (c == NULL)
+    return;
+  qcow2_encoder_free (c->enc);
+  free (c->scratch);
+  free (c);
+}
+
+static void *
+compressor_new (void *image)
+{
+  struct qcow2_image *img = image;
+  struct compressor *c = calloc (1, sizeof *c);
+
+  if (c == NULL)
+    return NULL;
+  c->img = img;
+  c->enc = qcow2_encoder_new ();
+  c->scratch = malloc (img->header.cluster_size);
+  if (c->enc == NULL || c->scratch == NULL) {
+    compressor_free (c);
+    return NULL;
+  }
+  return c;
+}
+
+static void
+compress_job (void *arg, size_t index, void *state)
+{
+  struct compress_ctx *ctx = arg;
+  struct compressor *c = state;
   const uint32_t cluster_size = c->img->header.cluster_size;
   const uint8_t *in = ctx->src[index];
   int64_t len;
@@ -182,137 +214,40 @@ compress_job (struct compressor *c, struct compress_ctx *ctx, size_t index)
   ctx->result[index] = len < 0 ? 0 : len;
 }
 
-static void *
-compressor_main (void *arg)
-{
-  struct compressor *c = arg;
-  struct compress_queue *q = &c->img->compress_queue;
-
-  pthread_mutex_lock (&q->lock);
-  for (;;) {
-    struct compress_ctx *ctx;
-    size_t index;
-
-    while (!q->stopping && q->head == NULL)
-      pthread_cond_wait (&q->work_ready, &q->lock);
-    if (q->stopping)
-      break;
-    ctx = q->head;
-    index = ctx->next_job++;
-    if (ctx->next_job == ctx->count) {
-      q->head = ctx->queue_next;
-      if (q->head == NULL)
-        q->tail = NULL;
-    }
-    pthread_mutex_unlock (&q->lock);
-    compress_job (c, ctx, index);
-    pthread_mutex_lock (&q->lock);
-    if (++ctx->jobs_done == ctx->count)
-      pthread_cond_signal (&ctx->finished);
-  }
-  pthread_mutex_unlock (&q->lock);
-  return NULL;
-}
-
-static void
-compressor_free (struct compressor *c)
-{
-  qcow2_encoder_free (c->enc);
-  free (c->scratch);
-}
-
-/* Start the threads; call with the queue locked.  Fails only if not even
- * one could start.
- */
-static int
-compressors_start (struct qcow2_image *img)
-{
-  struct compress_queue *q = &img->compress_queue;
-  unsigned want = img->opts.compress_threads, cpus = qcow2_online_cpus ();
-  unsigned i;
-
-  if (want == 0)
-    want = 1;
-  if (want > cpus)
-    want = cpus;
-  q->threads = calloc (want, sizeof *q->threads);
-  if (q->threads == NULL)
-    return -ENOMEM;
-  for (i = 0; i < want; ++i) {
-    struct compressor *c = &q->threads[q->nthreads];
-
-    c->img = img;
-    c->enc = qcow2_encoder_new ();
-    c->scratch = malloc (img->header.cluster_size);
-    if (c->enc == NULL || c->scratch == NULL ||
-        pthread_create (&c->thread, NULL, compressor_main, c) != 0) {
-      compressor_free (c);
-      break;
-    }
-    q->nthreads++;
-  }
-  if (q->nthreads == 0) {
-    free (q->threads);
-    q->threads = NULL;
-    return -EAGAIN;
-  }
-  if (q->nthreads < want)
-    qcow2_debug (img, "started %u of %u compressor threads",
-                 q->nthreads, want);
-  return 0;
-}
-
-void
-qcow2_compressors_stop (struct qcow2_image *img)
-{
-  struct compress_queue *q = &img->compress_queue;
-  unsigned i;
-
-  pthread_mutex_lock (&q->lock);
-  q->stopping = true;
-  pthread_cond_broadcast (&q->work_ready);
-  pthread_mutex_unlock (&q->lock);
-  for (i = 0; i < q->nthreads; ++i) {
-    pthread_join (q->threads[i].thread, NULL);
-    compressor_free (&q->threads[i]);
-  }
-  free (q->threads);
-  q->threads = NULL;
-  q->nthreads = 0;
-  q->stopping = false;
-}
-
 int
 qcow2_compress_run (struct compress_ctx *ctx)
 {
   struct qcow2_image *img = ctx->img;
-  struct compress_queue *q = &img->compress_queue;
+  struct qcow2_batch batch = {
+    .run = compress_job, .arg = ctx, .count = ctx->count,
+    .finished = &ctx->finished,
+  };
+  struct qcow2_pool *pool;
 
   if (ctx->count == 0)
     return 0;
   atomic_store (&ctx->failed, 0);
-  ctx->next_job = ctx->jobs_done = 0;
-  ctx->queue_next = NULL;
 
-  pthread_mutex_lock (&q->lock);
-  if (q->nthreads == 0 && compressors_start (img) < 0) {
-    pthread_mutex_unlock (&q->lock);
+  pthread_mutex_lock (&img->compressors_lock);
+  if (img->compressors == NULL) {
+    unsigned n = img->opts.compress_threads, cpus = qcow2_online_cpus ();
+
+    if (n == 0)
+      n = 1;
+    if (n > cpus)
+      n = cpus;
+    img->compressors = qcow2_pool_new (n, compressor_new, compressor_free,
+                                       img);
+  }
+  pool = img->compressors;
+  pthread_mutex_unlock (&img->compressors_lock);
+  if (pool == NULL) {
     qcow2_error (img, "cannot start the compressor threads");
     return -EAGAIN;
   }
-  if (q->tail)
-    q->tail->queue_next = ctx;
-  else
-    q->head = ctx;
-  q->tail = ctx;
-  if (ctx->count > 1)
-    pthread_cond_broadcast (&q->work_ready);
-  else
-    pthread_cond_signal (&q->work_ready);
-  while (ctx->jobs_done < ctx->count)
-    pthread_cond_wait (&ctx->finished, &q->lock);
-  pthread_mutex_unlock (&q->lock);
 
+  qcow2_pool_submit (pool, &batch);
+  qcow2_pool_wait (pool, &batch, NULL);
   if (atomic_load (&ctx->failed)) {
     qcow2_error (img, "%s", ctx->errmsg);
     return -EIO;

@@ -12,6 +12,7 @@
 #include "qcow2-internal.h"
 #include "qcow2-codec.h"
 #include "qcow2-endian.h"
+#include "qcow2-pool.h"
 
 static void
 vlog (void (*fn) (void *, const char *), void *opaque,
@@ -225,8 +226,7 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
     img->log = *log;
   img->opts = *opts;
   pthread_rwlock_init (&img->lock, NULL);
-  pthread_mutex_init (&img->compress_queue.lock, NULL);
-  pthread_cond_init (&img->compress_queue.work_ready, NULL);
+  pthread_mutex_init (&img->compressors_lock, NULL);
 
   size = io->size (io->opaque);
   if (size < 0) {
@@ -350,10 +350,9 @@ qcow2_image_close (struct qcow2_image *img)
   free (img->wbuf);
   free (img->wcompressed);
   qcow2_decoder_free (img->wdecoder);
-  qcow2_compressors_stop (img);
+  qcow2_pool_free (img->compressors);
   free (img->l1);
-  pthread_cond_destroy (&img->compress_queue.work_ready);
-  pthread_mutex_destroy (&img->compress_queue.lock);
+  pthread_mutex_destroy (&img->compressors_lock);
   pthread_rwlock_destroy (&img->lock);
   free (img);
 }

@@ -94,15 +94,11 @@ struct qcow2_image {
 
   struct backing *backing;    /* NULL: unallocated clusters read as zeros */
 
-  /* Batches waiting for the compressor threads (qcow2-compress.c). */
-  struct compress_queue {
-    pthread_mutex_t lock;
-    pthread_cond_t work_ready;      /* a batch was queued, or stopping */
-    struct compress_ctx *head, *tail;
-    bool stopping;
-    unsigned nthreads;              /* 0: not started yet */
-    struct compressor *threads;
-  } compress_queue;
+  /* The compressor threads, started by the first compressing write
+   * (qcow2-compress.c).
+   */
+  pthread_mutex_t compressors_lock;
+  struct qcow2_pool *compressors;
 
   /* Bumped before released clusters' cache entries are dropped, so that
    * a decode started before the release cannot put them back.
@@ -200,12 +196,7 @@ struct compress_ctx {
   uint8_t *out;                 /* capacity * cluster_size */
   _Atomic int failed;
   char errmsg[400];
-
-  /* Under the image's compress_queue lock. */
-  struct compress_ctx *queue_next;
-  size_t next_job;              /* next cluster for a compressor */
-  size_t jobs_done;
-  pthread_cond_t finished;      /* jobs_done reached count */
+  pthread_cond_t finished;      /* the compressors finished the batch */
 };
 struct compress_ctx *qcow2_compress_ctx_get (struct qcow2_reader *reader,
                                              size_t clusters);
@@ -216,8 +207,6 @@ void qcow2_compress_ctx_free_all (struct qcow2_reader *reader);
  * them on first use) and wait for them.
  */
 int qcow2_compress_run (struct compress_ctx *ctx);
-/* Join the image's compressor threads; no batch may be in flight. */
-void qcow2_compressors_stop (struct qcow2_image *img);
 /* The CPUs online, at least 1. */
 unsigned qcow2_online_cpus (void);
 /* Most clusters compressed in one batch. */

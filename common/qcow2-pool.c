@@ -50,8 +50,12 @@ static void
 finish_job (struct qcow2_pool *pool, struct qcow2_batch *batch)
 {
   pthread_mutex_lock (&pool->lock);
-  if (++batch->done == batch->count)
-    pthread_cond_broadcast (&pool->job_done);
+  if (++batch->done == batch->count) {
+    if (batch->finished)
+      pthread_cond_signal (batch->finished);
+    else
+      pthread_cond_broadcast (&pool->job_done);
+  }
   pthread_mutex_unlock (&pool->lock);
 }
 
@@ -185,7 +189,7 @@ qcow2_pool_wait (struct qcow2_pool *pool, struct qcow2_batch *batch,
   if (batch->count == 0)
     return;
   pthread_mutex_lock (&pool->lock);
-  while (batch->next < batch->count) {
+  while (caller_state && batch->next < batch->count) {
     size_t index = batch->next++;
 
     if (batch->next == batch->count)
@@ -197,7 +201,8 @@ qcow2_pool_wait (struct qcow2_pool *pool, struct qcow2_batch *batch,
     batch->run_by_waiter++;
   }
   while (batch->done < batch->count)
-    pthread_cond_wait (&pool->job_done, &pool->lock);
+    pthread_cond_wait (batch->finished ? batch->finished : &pool->job_done,
+                       &pool->lock);
   pthread_mutex_unlock (&pool->lock);
 }
 

@@ -11,6 +11,7 @@
 #ifndef QCOW2_POOL_H
 #define QCOW2_POOL_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 struct qcow2_pool;
@@ -20,6 +21,10 @@ struct qcow2_batch {
   void (*run) (void *arg, size_t index, void *thread_state);
   void *arg;
   size_t count;
+  /* Optional: signalled when the batch is done, instead of waking every
+   * thread waiting on any batch of the pool.
+   */
+  pthread_cond_t *finished;
 
   /* Owned by the pool. */
   size_t next;                  /* next index to hand out */
@@ -51,7 +56,8 @@ void qcow2_pool_submit (struct qcow2_pool *pool, struct qcow2_batch *batch);
 void qcow2_pool_run_here (struct qcow2_batch *batch, void *state);
 
 /* Run the batch's unclaimed jobs on this thread with CALLER_STATE, then
- * wait until every job of the batch has finished.
+ * wait until every job of the batch has finished.  With CALLER_STATE
+ * NULL, leave every job to the workers and only wait.
  */
 void qcow2_pool_wait (struct qcow2_pool *pool, struct qcow2_batch *batch,
                       void *caller_state);
