@@ -1,12 +1,14 @@
 /* qcow2zstd engine: a small pool of worker threads running batches of jobs.
  *
- * One pool serves one NBD connection.  A batch is N independent jobs of
- * one function (decode cluster i).  Several threads may submit batches at
- * once; the submitter keeps working (reading the next chunk underneath)
- * and then joins in on its own batch while waiting for it, so that it
- * never sits idle.  Every worker owns a per-thread state made by the
- * pool's init callback (decoder contexts, scratch buffers) and reuses it
- * for every job: running a job allocates nothing.
+ * Each NBD connection has a pool that decodes, and each image written
+ * with compression one that compresses.  A batch is N independent jobs
+ * of one function (decode or compress cluster i).  Several threads may
+ * submit batches at once; a reader keeps working (reading the next chunk
+ * underneath) and then joins in on its own batch while waiting for it,
+ * so that it never sits idle, while a writer leaves its batch to the
+ * compressors.  Every worker owns a per-thread state made by the pool's
+ * init callback (decoder or compression contexts, scratch buffers) and
+ * reuses it for every job: running a job allocates nothing.
  */
 #ifndef QCOW2_POOL_H
 #define QCOW2_POOL_H
