@@ -43,6 +43,8 @@ ctx_free (struct compress_ctx *ctx)
   free (ctx->src);
   free (ctx->src_len);
   free (ctx->result);
+  free (ctx->hash);
+  free (ctx->dedup);
   free (ctx->out);
   pthread_cond_destroy (&ctx->finished);
   free (ctx);
@@ -79,9 +81,15 @@ qcow2_compress_ctx_get (struct qcow2_reader *reader, size_t clusters)
     int64_t *result = realloc (ctx->result, clusters * sizeof *result);
     if (result)
       ctx->result = result;
+    uint64_t *hash = realloc (ctx->hash, clusters * sizeof *hash);
+    if (hash)
+      ctx->hash = hash;
+    uint64_t *dedup = realloc (ctx->dedup, clusters * sizeof *dedup);
+    if (dedup)
+      ctx->dedup = dedup;
     free (ctx->out);
     ctx->out = malloc (clusters * (size_t) img->header.cluster_size);
-    if (!src || !src_len || !result || !ctx->out) {
+    if (!src || !src_len || !result || !hash || !dedup || !ctx->out) {
       ctx_free (ctx);
       goto nomem;
     }
@@ -203,6 +211,10 @@ compress_job (void *arg, size_t index, void *state)
     ctx->result[index] = QCOW2_COMPRESS_ALL_ZERO;
     return;
   }
+  if (ctx->dedup[index]) {
+    ctx->result[index] = QCOW2_COMPRESS_DUPLICATE;
+    return;
+  }
   /* qemu keeps a compressed cluster only if it saves at least a byte. */
   len = qcow2_encode_cluster (c->enc, c->img->header.compression_type,
                               c->img->opts.compression_level,
@@ -238,6 +250,12 @@ qcow2_compress_run (struct compress_ctx *ctx)
       n = cpus;
     img->compressors = qcow2_pool_new (n, compressor_new, compressor_free,
                                        img);
+    if (img->compressors && qcow2_dedup_init (img) < 0) {
+      qcow2_pool_free (img->compressors);
+      img->compressors = NULL;
+      pthread_mutex_unlock (&img->compressors_lock);
+      return -ENOMEM;
+    }
   }
   pool = img->compressors;
   pthread_mutex_unlock (&img->compressors_lock);

@@ -227,6 +227,7 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   img->opts = *opts;
   pthread_rwlock_init (&img->lock, NULL);
   pthread_mutex_init (&img->compressors_lock, NULL);
+  pthread_mutex_init (&img->dedup_lock, NULL);
 
   size = io->size (io->opaque);
   if (size < 0) {
@@ -351,8 +352,11 @@ qcow2_image_close (struct qcow2_image *img)
   free (img->wcompressed);
   qcow2_decoder_free (img->wdecoder);
   qcow2_pool_free (img->compressors);
+  qcow2_encoder_free (img->wencoder);
+  qcow2_dedup_free (img);
   free (img->l1);
   pthread_mutex_destroy (&img->compressors_lock);
+  pthread_mutex_destroy (&img->dedup_lock);
   pthread_rwlock_destroy (&img->lock);
   free (img);
 }

@@ -99,6 +99,12 @@ struct qcow2_image {
    */
   pthread_mutex_t compressors_lock;
   struct qcow2_pool *compressors;
+  struct qcow2_encoder *wencoder;     /* under the lock, when sharing failed */
+
+  /* Compressed clusters by the hash of their data (qcow2-dedup.c). */
+  pthread_mutex_t dedup_lock;
+  struct dedup_slot *dedup;
+  uint64_t dedup_mask;
 
   /* Bumped before released clusters' cache entries are dropped, so that
    * a decode started before the release cannot put them back.
@@ -185,6 +191,8 @@ struct thread_state *qcow2_request_caller (struct request *req);
 
 /* Compression of whole clusters in the reader's pool (qcow2-compress.c). */
 #define QCOW2_COMPRESS_ALL_ZERO INT64_MIN
+/* Not compressed: dedup[i] is to be checked and shared. */
+#define QCOW2_COMPRESS_DUPLICATE (INT64_MIN + 1)
 struct compress_ctx {
   struct compress_ctx *next_free;
   struct qcow2_image *img;
@@ -192,7 +200,11 @@ struct compress_ctx {
   size_t capacity;              /* clusters OUT can hold */
   const uint8_t **src;          /* per cluster */
   uint32_t *src_len;            /* < cluster size: zero padded */
-  int64_t *result;              /* length, 0: store plain, ALL_ZERO */
+  int64_t *result;              /* length, 0: store plain, ALL_ZERO,
+                                   DUPLICATE */
+  uint64_t *hash;               /* qcow2_dedup_hash; 0: last, partial */
+  uint64_t *dedup;              /* an L2 entry that may hold the same
+                                   data (the writer looked), or 0 */
   uint8_t *out;                 /* capacity * cluster_size */
   _Atomic int failed;
   char errmsg[400];
@@ -211,6 +223,25 @@ int qcow2_compress_run (struct compress_ctx *ctx);
 unsigned qcow2_online_cpus (void);
 /* Most clusters compressed in one batch. */
 size_t qcow2_compress_batch_max (const struct qcow2_image *img);
+
+/* Sharing compressed clusters with the same data (qcow2-dedup.c). */
+uint64_t qcow2_dedup_hash (const uint8_t *data, size_t len);
+/* The table, sized by the disk; 0 or -ENOMEM after logging. */
+int qcow2_dedup_init (struct qcow2_image *img);
+void qcow2_dedup_free (struct qcow2_image *img);
+/* The compressed L2 entry last stored with data of hash HASH, or 0. */
+uint64_t qcow2_dedup_find (struct qcow2_image *img, uint64_t hash);
+void qcow2_dedup_remember (struct qcow2_image *img, uint64_t hash,
+                           uint64_t entry);
+/* Under the image lock: if compressed L2 ENTRY still holds exactly SRC
+ * (SRC_LEN bytes, zero padded to a cluster) and each host cluster it
+ * touches can take one more reference, add those references and return
+ * 1; 0 if it cannot be shared; a negative errno on an I/O error.
+ * Uses img->wbuf and img->wcompressed.
+ */
+int qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
+                       uint64_t guest_cluster, uint64_t entry,
+                       const uint8_t *src, uint32_t src_len);
 
 /* Allocate host cluster INDEX if it is free; -EBUSY if it is not. */
 int qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 # How tightly an image's compressed clusters are packed: reads the L1 and
 # L2 tables of a qcow2 file (no backing file, no snapshots) and prints
-#   HOST_CLUSTERS UNION_BYTES PLAIN_CLUSTERS
+#   HOST_CLUSTERS UNION_BYTES PLAIN_CLUSTERS COMPRESSED_ENTRIES RANGES
 # the host clusters that compressed data touches, the bytes of the union
 # of the compressed ranges (whole sectors, as the descriptors give them),
-# and the guest clusters stored uncompressed.
+# the guest clusters stored uncompressed, the L2 entries of compressed
+# clusters, and the distinct compressed ranges they describe.
 import struct
 import sys
 
@@ -36,4 +37,4 @@ for start, stop in sorted(ranges):
     union += max(0, stop - max(start, end))
     end = max(end, stop)
     touched.update(range(start >> cluster_bits, ((stop - 1) >> cluster_bits) + 1))
-print(len(touched), union, plain)
+print(len(touched), union, plain, len(ranges), len(set(ranges)))

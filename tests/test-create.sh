@@ -127,7 +127,7 @@ nbdcopy src.raw "$(nbd_uri "$PWD/sock")"
 stop_server
 check_image new.qcow2 zstd "packing around plain clusters"
 qemu-img convert -c -O qcow2 -o cluster_size=64k,compression_type=zstd src.raw qemu.qcow2
-read -r ours union plain < <($PYTHON "$top_srcdir/tests/packing.py" new.qcow2)
+read -r ours union plain _ < <($PYTHON "$top_srcdir/tests/packing.py" new.qcow2)
 read -r theirs _ _ < <($PYTHON "$top_srcdir/tests/packing.py" qemu.qcow2)
 [ "$plain" = 64 ] || fail "packing: $plain plain clusters, expected 64"
 bound=$(( (union + 65535) / 65536 + (plain + 31) / 32 + 1 ))

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # References to compressed clusters: images with narrow refcounts
 # (refcount_bits 1 and 2), where a host cluster runs out of references
-# before it runs out of bytes.  Every image must pass qemu-img check and
-# compare identical to its source.
+# before it runs out of bytes, and compressed copies shared by clusters
+# with the same data, including copies freed or packed over since.
+# Every image must pass qemu-img check and compare identical to its
+# source.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy qemu-img
 requires_nbd_python
@@ -45,3 +47,114 @@ for bits in 1 2; do
     [ "$touched" -ge $(( 48 / max )) ] || fail "refcount_bits=$bits: 48 compressed clusters in only $touched host clusters"
     echo "refcount_bits=$bits: 48 compressed clusters in $touched host clusters, check clean, identical"
 done
+
+# Identical clusters with refcount_bits=2: a copy takes at most three
+# references (two shares), then a new copy is made.
+$PYTHON -c 'import sys; d = open("distinct.raw", "rb").read(65536); sys.stdout.buffer.write(d * 9)' > same9.raw
+rm -f narrow.qcow2
+qemu-img create -q -f qcow2 -o refcount_bits=2,cluster_size=64k narrow.qcow2 576K
+truncate -s +2M narrow.qcow2
+start_server "$PWD/sock" file narrow.qcow2 qcow2-compress=true
+nbdcopy same9.raw "$(nbd_uri "$PWD/sock")" || { cat "$PWD/sock.log"; fail "refcount_bits=2, same data: nbdcopy"; }
+stop_server
+check_image narrow.qcow2 same9.raw "refcount_bits=2, same data"
+read -r _ _ _ entries ranges < <($PYTHON "$top_srcdir/tests/packing.py" narrow.qcow2)
+[ "$entries" = 9 ] && [ "$ranges" = 3 ] ||
+    fail "refcount_bits=2, same data: $entries compressed entries in $ranges ranges, expected 9 in 3"
+echo "refcount_bits=2, one cluster written 9 times: 3 copies of 3 references each, check clean, identical"
+
+# Identical clusters share one compressed copy: 16 distinct clusters,
+# each written four times in a shuffled order, take 16 compressed ranges
+# for 64 L2 entries, and each range is counted once per entry.
+$PYTHON - <<'PY'
+import random
+rng = random.Random(12)
+data = open("distinct.raw", "rb").read()
+order = [i for i in range(16) for _ in range(4)]
+rng.shuffle(order)
+open("dups.raw", "wb").write(b"".join(data[i << 16:(i + 1) << 16] for i in order))
+PY
+rm -f new.qcow2; truncate -s 12M new.qcow2
+start_server "$PWD/sock" file new.qcow2 qcow2-create=4M
+nbdcopy dups.raw "$(nbd_uri "$PWD/sock")"
+stop_server
+check_image new.qcow2 dups.raw "identical clusters"
+read -r _ _ plain entries ranges < <($PYTHON "$top_srcdir/tests/packing.py" new.qcow2)
+[ "$entries" = 64 ] && [ "$ranges" = 16 ] ||
+    fail "identical clusters: $entries compressed entries in $ranges ranges, expected 64 in 16"
+echo "16 distinct clusters written 4 times each: 64 entries share 16 compressed ranges, check clean, identical"
+
+# Rewriting: a copy shared, one of its references overwritten, shared
+# again.  Then, in a new image where the packing is known, data whose
+# copy was freed (refcount 0), and data whose copy was freed and then
+# packed over by other data, written again: the table of copies is only
+# a hint, and each use is checked against the data.
+cat > rewrite.py <<'PY'
+import random
+import sys
+
+import nbd
+
+CS = 65536
+uri, image = sys.argv[1:3]
+rng = random.Random(13)
+h = nbd.NBD()
+h.connect_uri(uri)
+mirror = open(image, "r+b")
+distinct = open("distinct.raw", "rb").read()
+
+
+def write(cluster, data):
+    h.pwrite(data, cluster * CS)
+    mirror.seek(cluster * CS)
+    mirror.write(data)
+
+
+def pattern(i):
+    return distinct[i * CS:(i + 1) * CS]
+
+
+if image == "mirror.raw":
+    write(60, pattern(30))
+    write(61, pattern(30))
+    write(60, rng.randbytes(CS))
+    h.flush()
+    write(62, pattern(30))
+else:
+    # Pattern 20 alone in the first packing cluster: overwritten and
+    # flushed, that cluster is free.
+    write(0, pattern(20))
+    h.flush()
+    write(0, rng.randbytes(CS))
+    h.flush()
+    write(1, pattern(20))       # refcount 0: a new copy
+    h.flush()
+    write(1, rng.randbytes(CS))
+    h.flush()
+    write(2, pattern(21))       # packed where pattern 20 was
+    h.flush()
+    write(3, pattern(20))       # other data there: a new copy
+    write(4, pattern(20))       # shares that one
+h.flush()
+h.shutdown()
+PY
+cp dups.raw mirror.raw
+start_server "$PWD/sock" -v -D qcow2zstd.map=1 file new.qcow2 qcow2-compress=true
+$PYTHON rewrite.py "$(nbd_uri "$PWD/sock")" mirror.raw
+stop_server
+check_image new.qcow2 mirror.raw "rewriting shared copies"
+shares=$(grep -c "shares compressed entry" "$PWD/sock.log" || true)
+[ "$shares" = 2 ] || fail "rewriting shared copies: $shares clusters shared a copy, expected 2"
+echo "rewriting shared copies: $shares shared, check clean, identical"
+
+truncate -s 1M fresh.raw
+rm -f fresh.qcow2; truncate -s 4M fresh.qcow2
+start_server "$PWD/sock" -v -D qcow2zstd.map=1 file fresh.qcow2 qcow2-create=1M
+$PYTHON rewrite.py "$(nbd_uri "$PWD/sock")" fresh.raw
+stop_server
+check_image fresh.qcow2 fresh.raw "stale copies"
+shares=$(grep -c "shares compressed entry" "$PWD/sock.log" || true)
+cannot=$(grep -c "cannot share compressed entry" "$PWD/sock.log" || true)
+[ "$cannot" = 2 ] && [ "$shares" = 1 ] ||
+    fail "stale copies: $cannot refused and $shares shared, expected 2 and 1"
+echo "copies freed, and freed and packed over: both refused, check clean, identical"
