@@ -62,15 +62,30 @@ fi
 TMPDIR_TEST=$(mktemp -d "${TMPDIR:-/tmp}/qcow2zstd-test.XXXXXX")
 _pids=()
 
+# Every process a test starts inherits this tag.  The cleanup signals
+# only processes that carry this test's tag: a pid recorded for a server
+# stopped long ago may have been reused (pid_max is 32768 on Debian's
+# default) by a process of a test running in parallel under make -j2,
+# such as its nbdcopy, which would die of SIGTERM with no message.
+QCOW2ZSTD_TEST_TAG="$$.$RANDOM.$RANDOM"
+export QCOW2ZSTD_TEST_TAG
+
+# _ours PID: is PID a live process started by this test?
+_ours ()
+{
+    tr '\0' '\n' 2>/dev/null < "/proc/$1/environ" |
+        grep -qx "QCOW2ZSTD_TEST_TAG=$QCOW2ZSTD_TEST_TAG"
+}
+
 _cleanup ()
 {
     local pid
     for pid in "${_pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
+        if _ours "$pid"; then kill "$pid" 2>/dev/null || true; fi
     done
     for pid in "${_pids[@]}"; do
         # Wait for the server to go, so its socket and files can be removed.
-        _wait_gone "$pid" 100 || true
+        if _ours "$pid"; then _wait_gone "$pid" 100 || true; fi
     done
     rm -rf "$TMPDIR_TEST"
 }
