@@ -409,11 +409,26 @@ pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t cluster_size = img->header.cluster_size;
   uint64_t cur = img->pack_cursor;
-  uint64_t fresh[2] = { 0, 0 }, c, first, last, offset;
+  uint64_t fresh[2], c, first, last, offset;
   unsigned nfresh = 0, i;
   int r;
 
- again:
+  if (cur) {
+    /* With narrow refcounts (refcount_bits 1 to 4) a host cluster can
+     * run out of references before it runs out of bytes; start a new
+     * one then, as qemu does.  Only the cluster packed so far can be
+     * full: any other that the range runs into is allocated here.
+     */
+    uint64_t refcount;
+    r = qcow2_refcount_get (img, io, (cur & ~UINT64_C (511)) >> bits,
+                            &refcount);
+    if (r < 0)
+      return r;
+    if (refcount >= img->rc.max_refcount) {
+      qcow2_pack_reset (img);
+      cur = 0;
+    }
+  }
   if (cur) {
     uint64_t next = qcow2_pack_next_cluster (img);
     if (cur + len > next << bits) {
@@ -445,30 +460,6 @@ pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
 
   first = (cur & ~UINT64_C (511)) >> bits;
   last = ((cur + len - 1) | 511) >> bits;
-  for (c = first; c <= last; ++c) {
-    bool is_fresh = false;
-    uint64_t refcount;
-    for (i = 0; i < nfresh; ++i)
-      is_fresh |= fresh[i] == c;
-    if (is_fresh)
-      continue;
-    /* With narrow refcounts (refcount_bits 1 to 4) a host cluster can
-     * run out of references before it runs out of bytes; start a new
-     * one then, as qemu does.  Only the cluster packed so far can be
-     * full: every other one in the range was just allocated.
-     */
-    r = qcow2_refcount_get (img, io, c, &refcount);
-    if (r < 0)
-      goto fail;
-    if (refcount >= img->rc.max_refcount) {
-      for (i = 0; i < nfresh; ++i)
-        qcow2_free_later (img, fresh[i] << bits, cluster_size, 0);
-      nfresh = 0;
-      qcow2_pack_reset (img);
-      cur = 0;
-      goto again;
-    }
-  }
   for (c = first; c <= last; ++c) {
     bool is_fresh = false;
     for (i = 0; i < nfresh; ++i)
