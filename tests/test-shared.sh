@@ -19,6 +19,27 @@ check_image ()
     qemu-img compare -q -f qcow2 -F raw "$img" "$src" || fail "$what: differs from the source"
 }
 
+# copy_in IMG SRC WHAT [FILTER ARGS...]: serve IMG with the filter and
+# copy SRC into it with nbdcopy.
+copy_in ()
+{
+    local img=$1 src=$2 what=$3
+    shift 3
+    start_server "$PWD/sock" file "$img" "$@"
+    nbdcopy "$src" "$(nbd_uri "$PWD/sock")" || { cat "$PWD/sock.log"; fail "$what: nbdcopy"; }
+    stop_server
+}
+
+# expect_sharing IMG ENTRIES RANGES WHAT: the compressed clusters of IMG
+# have ENTRIES L2 entries, describing RANGES distinct compressed ranges.
+expect_sharing ()
+{
+    local entries ranges
+    read -r _ _ _ entries ranges < <($PYTHON "$top_srcdir/tests/packing.py" "$1")
+    [ "$entries" = "$2" ] && [ "$ranges" = "$3" ] ||
+        fail "$4: $entries compressed entries in $ranges ranges, expected $2 in $3"
+}
+
 # 48 distinct compressible clusters of 64 KiB, each a few KiB compressed:
 # a dozen or more would fit in one host cluster.
 $PYTHON - <<'PY'
@@ -37,9 +58,7 @@ for bits in 1 2; do
     rm -f narrow.qcow2
     qemu-img create -q -f qcow2 -o refcount_bits=$bits,cluster_size=64k narrow.qcow2 3M
     truncate -s +8M narrow.qcow2
-    start_server "$PWD/sock" file narrow.qcow2 qcow2-compress=true
-    nbdcopy distinct.raw "$(nbd_uri "$PWD/sock")" || { cat "$PWD/sock.log"; fail "refcount_bits=$bits: nbdcopy"; }
-    stop_server
+    copy_in narrow.qcow2 distinct.raw "refcount_bits=$bits" qcow2-compress=true
     truncate -s 3M distinct3.raw; dd if=distinct.raw of=distinct3.raw conv=notrunc status=none
     check_image narrow.qcow2 distinct3.raw "refcount_bits=$bits"
     read -r touched _ _ < <($PYTHON "$top_srcdir/tests/packing.py" narrow.qcow2)
@@ -54,13 +73,9 @@ $PYTHON -c 'import sys; d = open("distinct.raw", "rb").read(65536); sys.stdout.b
 rm -f narrow.qcow2
 qemu-img create -q -f qcow2 -o refcount_bits=2,cluster_size=64k narrow.qcow2 576K
 truncate -s +2M narrow.qcow2
-start_server "$PWD/sock" file narrow.qcow2 qcow2-compress=true
-nbdcopy same9.raw "$(nbd_uri "$PWD/sock")" || { cat "$PWD/sock.log"; fail "refcount_bits=2, same data: nbdcopy"; }
-stop_server
+copy_in narrow.qcow2 same9.raw "refcount_bits=2, same data" qcow2-compress=true
 check_image narrow.qcow2 same9.raw "refcount_bits=2, same data"
-read -r _ _ _ entries ranges < <($PYTHON "$top_srcdir/tests/packing.py" narrow.qcow2)
-[ "$entries" = 9 ] && [ "$ranges" = 3 ] ||
-    fail "refcount_bits=2, same data: $entries compressed entries in $ranges ranges, expected 9 in 3"
+expect_sharing narrow.qcow2 9 3 "refcount_bits=2, same data"
 echo "refcount_bits=2, one cluster written 9 times: 3 copies of 3 references each, check clean, identical"
 
 # Identical clusters share one compressed copy: 16 distinct clusters,
@@ -75,13 +90,9 @@ rng.shuffle(order)
 open("dups.raw", "wb").write(b"".join(data[i << 16:(i + 1) << 16] for i in order))
 PY
 rm -f new.qcow2; truncate -s 12M new.qcow2
-start_server "$PWD/sock" file new.qcow2 qcow2-create=4M
-nbdcopy dups.raw "$(nbd_uri "$PWD/sock")"
-stop_server
+copy_in new.qcow2 dups.raw "identical clusters" qcow2-create=4M
 check_image new.qcow2 dups.raw "identical clusters"
-read -r _ _ plain entries ranges < <($PYTHON "$top_srcdir/tests/packing.py" new.qcow2)
-[ "$entries" = 64 ] && [ "$ranges" = 16 ] ||
-    fail "identical clusters: $entries compressed entries in $ranges ranges, expected 64 in 16"
+expect_sharing new.qcow2 64 16 "identical clusters"
 echo "16 distinct clusters written 4 times each: 64 entries share 16 compressed ranges, check clean, identical"
 
 # Rewriting: a copy shared, one of its references overwritten, shared
