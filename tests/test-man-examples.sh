@@ -3,8 +3,8 @@
 # run as written, in order, with these substitutions only:
 #   --filter=qcow2zstd          -> --filter=$FILTER (the built filter)
 #   /tmp/disk.sock              -> $TMPDIR_TEST/disk.sock
-#   https://example.com/...     -> http://127.0.0.1:PORT/... (a local HTTP
-#                                  server with byte ranges)
+#   https://example.com/...     -> http://127.0.0.1:PORT/... (nginx, started
+#                                  by the test, serving its directory)
 #   nbdkit                      -> run_nbdkit (the sanitizer wrapper)
 # and "-P PIDFILE" added to the commands that put nbdkit in the
 # background, so that the test can stop them.  nbdkit 1.32 leaves its
@@ -15,6 +15,7 @@
 # each example the result is checked against the source.  One line per
 # example.
 source "${top_srcdir:-.}/tests/functions.sh"
+source "${top_srcdir:-.}/tests/nginx-functions.sh"
 requires nbdcopy nbdinfo qemu-io cmp md5sum awk
 requires_nbd_python
 
@@ -268,14 +269,10 @@ echo "example 7 (qcow2-compress=true, nbdcopy 8 MiB of text): compressed cluster
 qemu-img convert -f qcow2 -O raw disk.qcow2 now.raw
 if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
     echo "example 8 (curl): skipped: nbdkit has no curl plugin (in Debian 12 it is part of the nbdkit package)"
+elif ! start_nginx "$T"; then
+    echo "example 8 (curl): skipped: $NGINX_SKIP"
 else
-    rm -f port http.log
-    $PYTHON "$top_srcdir/tests/http-range-server.py" "$T" "$T/port" "$T/http.log" 2> http.err &
-    http_pid=$!
-    _pids+=("$http_pid")
-    for _ in $(seq 100); do [ -s port ] && break; sleep 0.1; done
-    [ -s port ] || { cat http.err; fail "example 8: the local HTTP server did not start"; }
-    url="http://127.0.0.1:$(cat port)/disk.qcow2"
+    url="$NGINX_URL/disk.qcow2"
     p=$(free_port 10809)
     porttxt="default port 10809"
     portarg=()
@@ -289,14 +286,14 @@ else
     nbdcopy "nbd://localhost:$p" curl.raw 2> 8-nbdcopy.err || rc=$?
     if [ "$rc" != 0 ]; then
         cat 8-nbdcopy.err 8.err
-        tail -n 5 http.err http.log 2> /dev/null || true
+        tail -n 5 "$NGINX_ACCESS_LOG" 2> /dev/null || true
         fail "example 8: nbdcopy from nbd://localhost:$p failed with status $rc"
     fi
     daemon_stop
     cat 8.err >&2
-    kill "$http_pid"
+    stop_nginx
     cmp curl.raw now.raw || fail "example 8: the disk read over HTTP differs"
-    grep -q ' bytes=' http.log || fail "example 8: no range request reached the HTTP server"
+    grep -q '^GET /disk.qcow2 206 range=bytes=' "$NGINX_ACCESS_LOG" || fail "example 8: nginx served no range request"
     echo "example 8 (curl over HTTP with ranges, qcow2-request-size=16M qcow2-threads=4, $porttxt): identical"
 fi
 
@@ -355,22 +352,18 @@ echo "example 11 (an overlay on a compressed base, relative backing name): reads
 #        qcow2-backing=/var/tmp/base.qcow2
 if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
     echo "example 12 (curl): skipped: nbdkit has no curl plugin"
+elif ! start_nginx "$T"; then
+    echo "example 12 (curl): skipped: $NGINX_SKIP"
 else
-    rm -f port http.log
-    $PYTHON "$top_srcdir/tests/http-range-server.py" "$T" "$T/port" "$T/http.log" 2> http.err &
-    http_pid=$!
-    _pids+=("$http_pid")
-    for _ in $(seq 100); do [ -s port ] && break; sleep 0.1; done
-    [ -s port ] || { cat http.err; fail "example 12: the local HTTP server did not start"; }
     p=$(free_port 10809)
     portarg=()
     if [ "$p" != 10809 ]; then portarg=(-p "$p"); fi
-    run_nbdkit -r --filter="$FILTER" curl "http://127.0.0.1:$(cat port)/overlay.qcow2" \
+    run_nbdkit -r --filter="$FILTER" curl "$NGINX_URL/overlay.qcow2" \
            qcow2-backing="$T/base.qcow2" "${portarg[@]}" -P "$T/12.pid"
     daemon_started "$T/12.pid"
     nbdcopy "nbd://localhost:$p" ex12.raw || fail "example 12: nbdcopy failed"
     daemon_stop
-    kill "$http_pid"
+    stop_nginx
     cmp ex12.raw qemu11.raw || fail "example 12: the overlay over HTTP reads other data"
     echo "example 12 (overlay over curl, qcow2-backing= a local base): reads as qemu reads it"
 fi
