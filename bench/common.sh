@@ -245,6 +245,7 @@ trap 'exit 130' INT TERM
 #   KIND raw:    nbdkit file IMAGE                      (transport floor)
 #        qemu:   qemu-nbd -r -f qcow2 --persistent -e 8 (qemu's qcow2 driver)
 #        filter: nbdkit --filter=$FILTER [EXTRA...] file IMAGE
+#        curl:   nbdkit -r --filter=$FILTER curl IMAGE [EXTRA...] (IMAGE a URL)
 start_server ()
 {
     local name=$1 kind=$2 image=$3 i
@@ -264,6 +265,10 @@ start_server ()
             ;;
         filter)
             nbdkit -f -U "$SERVER_SOCK" --filter="$FILTER" file "$image" "$@" \
+                2>>"$SERVER_LOG" </dev/null &
+            ;;
+        curl)
+            nbdkit -f -r -U "$SERVER_SOCK" --filter="$FILTER" curl "$image" "$@" \
                 2>>"$SERVER_LOG" </dev/null &
             ;;
         *) die "start_server: unknown kind $kind" ;;
