@@ -51,7 +51,11 @@ guest_prepare ()
     local lock
     exec {lock}> "$GUEST_CACHE/lock"
     flock "$lock"
-    if [ ! -s "$GUEST_CACHE/ready" ]; then
+    # A guest cached by an older recipe (another init, other modules) is
+    # made again.
+    local recipe
+    recipe="recipe $(cat "$top_srcdir/tests/guest-init.sh" - <<< "${GUEST_MODULES[*]}" | md5sum | cut -c1-16)"
+    if [ "$(head -n 1 "$GUEST_CACHE/ready" 2> /dev/null)" != "$recipe" ]; then
         rm -rf "$GUEST_CACHE/build"
         if ! (_guest_build "$GUEST_CACHE/build") > "$GUEST_CACHE/build.log" 2>&1; then
             GUEST_SKIP=$(grep -m1 '^guest: ' "$GUEST_CACHE/build.log" || true)
@@ -61,7 +65,7 @@ guest_prepare ()
             return 1
         fi
         mv "$GUEST_CACHE/build/vmlinuz" "$GUEST_CACHE/build/base.cpio.gz" "$GUEST_CACHE/"
-        cp "$GUEST_CACHE/build/packages" "$GUEST_CACHE/ready"
+        { echo "$recipe"; cat "$GUEST_CACHE/build/packages"; } > "$GUEST_CACHE/ready"
         rm -rf "$GUEST_CACHE/build"
     fi
     GUEST_KERNEL=$GUEST_CACHE/vmlinuz

@@ -69,6 +69,14 @@ EOF
     cp -a src expect
 }
 
+# tree_sums DIR: the md5sum of every file under DIR (lost+found aside),
+# as ./PATH, sorted: what check_sums (tree-changes.sh) checks.
+tree_sums ()
+{
+    (cd "$1" && find . -path ./lost+found -prune -o -type f -print | LC_ALL=C sort |
+         xargs -d '\n' md5sum)
+}
+
 # compare_tree DIR WHAT: DIR holds exactly the files of expect/ (ignoring
 # lost+found), with the same contents.
 compare_tree ()

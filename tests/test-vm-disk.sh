@@ -22,36 +22,20 @@ guest_prepare || { echo "$0: skipped: $GUEST_SKIP"; exit 77; }
 
 cd "$TMPDIR_TEST"
 
-# sums DIR: the md5sum of every file under DIR, as ./PATH, sorted.
-sums ()
-{
-    (cd "$1" && find . -path ./lost+found -prune -o -type f -print | LC_ALL=C sort |
-         xargs -d '\n' md5sum)
-}
-
 make_fs_image 160M
 mkdir guest
-sums src > guest/sums.before
+tree_sums src > guest/sums.before
 /usr/bin/python3 "$top_srcdir/tests/guest-workload.py" 17 2 400 guest expect ||
     fail "guest-workload.py failed"
-sums expect > guest/sums.after
+tree_sums expect > guest/sums.after
 echo "workload: 2 streams of 400 operations, leaving $(find expect/w -type f | wc -l) files of $(du -sm --apparent-size expect/w | cut -f1) MiB"
 
+cp "$top_srcdir/tests/tree-changes.sh" guest/
 cat > guest/run.sh <<'EOF'
-# check SUMS: every file under /mnt has the sum in SUMS, and there is no
-# other file.
-check ()
-{
-    (cd /mnt && md5sum -c "/test/$1") > /tmp/check.out 2>&1 ||
-        { grep -v ': OK$' /tmp/check.out | head -n 20; echo "GUEST: $1: files differ"; return 1; }
-    (cd /mnt && find . -path ./lost+found -prune -o -type f -print | sort) > /tmp/files
-    sed 's/^[0-9a-f]*  //' "/test/$1" | sort > /tmp/want
-    diff /tmp/want /tmp/files || { echo "GUEST: $1: other files than expected"; return 1; }
-    echo "GUEST: $(wc -l < /tmp/want) files match $1"
-}
+. ./tree-changes.sh
 echo "GUEST: /dev/vda has $(cat /sys/block/vda/size) sectors"
 mount -t ext4 /dev/vda /mnt
-check sums.before
+check_sums /mnt /test/sums.before
 sh -e ./ops1.sh > /tmp/ops1.out 2>&1 &
 one=$!
 sh -e ./ops2.sh > /tmp/ops2.out 2>&1 &
@@ -63,7 +47,7 @@ wait $two || { status=1; echo "GUEST: ops2.sh failed:"; tail -n 5 /tmp/ops2.out;
 sync
 echo "GUEST: fstrim: $(fstrim -v /mnt)"
 echo 3 > /proc/sys/vm/drop_caches
-check sums.after
+check_sums /mnt /test/sums.after
 umount /mnt
 echo "GUEST: unmounted"
 EOF
@@ -74,7 +58,7 @@ start=$SECONDS
 guest_boot vm 900 guest \
     -drive "file=$(nbd_uri "$sock"),format=raw,if=virtio,discard=unmap" ||
     { cat "$SERVER_LOG" >&2; fail "guest: $GUEST_FAILURE"; }
-grep '^GUEST: ' vm.console
+grep -E '^(GUEST|/mnt): ' vm.console
 echo "guest: the session took $((SECONDS - start)) s ($GUEST_ACCEL)"
 stop_server
 grep -E 'nbdkit: .*(error|ERROR)' "$sock.log" && fail "nbdkit logged errors (above)"
