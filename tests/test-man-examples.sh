@@ -6,6 +6,14 @@
 #   https://example.com/...     -> http://127.0.0.1:PORT/... (nginx, started
 #                                  by the test, serving its directory)
 #   nbdkit                      -> run_nbdkit (the sanitizer wrapper)
+# Examples 15 and 16 (the kernel's NBD client, a virtual machine) run in
+# the test guest of tests/guest-functions.sh, on an ext4 filesystem in
+# disk.qcow2, with these substitutions too:
+#   nbdkit -U /tmp/disk.sock    -> nbdkit -s, started by qemu's user
+#   (15)                           network for the guest's connection
+#   -unix /tmp/disk.sock        -> 10.0.2.100 10809, where qemu forwards it
+#   -accel kvm -m 2G (16)       -> the guest's kernel, initramfs, memory
+#                                  and accelerator (KVM only if it works)
 # and "-P PIDFILE" added to the commands that put nbdkit in the
 # background, so that the test can stop them.  nbdkit 1.32 leaves its
 # Unix socket behind when it exits, and refuses to start on an existing
@@ -16,6 +24,8 @@
 # example.
 source "${top_srcdir:-.}/tests/functions.sh"
 source "${top_srcdir:-.}/tests/nginx-functions.sh"
+source "${top_srcdir:-.}/tests/mount-functions.sh"
+source "${top_srcdir:-.}/tests/guest-functions.sh"
 requires nbdcopy nbdinfo qemu-io cmp md5sum awk
 requires_nbd_python
 
@@ -398,3 +408,70 @@ foreground_stop
 grep -q "qcow2zstd: read 0x[0-9a-f]*+4096: " ex14.log || { grep qcow2zstd ex14.log | head; fail "example 14: no map lines"; }
 grep -q "qcow2zstd: pool: " ex14.log || { grep qcow2zstd ex14.log | head; fail "example 14: no pool lines"; }
 echo "example 14 (-D qcow2zstd.map=1 -D qcow2zstd.pool=1, 4 KiB reads): map and pool lines logged"
+
+# ------------------------------------------------------------ 15, 16
+# (not in the examples: disk.qcow2 is now an ext4 filesystem with room,
+# made from src/ by make_fs_image, and the guest's files/ is what the
+# first example copies in)
+if ! guest_prepare; then
+    echo "example 15 (nbd-client, mount): skipped: $GUEST_SKIP"
+    echo "example 16 (virtual machine): skipped: $GUEST_SKIP"
+    exit 0
+fi
+make_fs_image
+mv img.qcow2 disk.qcow2
+mkdir -p guest15/files/sub
+head -c 2M /dev/urandom > guest15/files/data.bin
+seq 100000 > guest15/files/sub/numbers.txt
+cp -r guest15/files expect/
+
+# ---------------------------------------------------------------- 15
+# nbdkit -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2
+# nbd-client -unix /tmp/disk.sock /dev/nbd0 -N disk
+# mount /dev/nbd0 /mnt
+# cp -r files /mnt/; fstrim /mnt
+# umount /mnt
+# nbd-client -d /dev/nbd0
+cat > guest15/run.sh <<'EOF'
+nbd-client 10.0.2.100 10809 /dev/nbd0 -N disk
+mount /dev/nbd0 /mnt
+cp -r files /mnt/; fstrim /mnt
+umount /mnt
+nbd-client -d /dev/nbd0
+EOF
+fwd=$(guest_nbdkit_cmd "$T/15.log" "$T/15.status" --filter="$FILTER" file "$T/disk.qcow2")
+guest_boot ex15 600 guest15 \
+    -netdev "user,id=net0,restrict=on,guestfwd=tcp:10.0.2.100:10809-cmd:$fwd" \
+    -device virtio-net-pci,netdev=net0 || { cat 15.log; fail "example 15: $GUEST_FAILURE"; }
+wait_until 60 test -s 15.status || { cat 15.log; fail "example 15: nbdkit did not exit after the disconnect"; }
+[ "$(cat 15.status)" = 0 ] || { cat 15.log; fail "example 15: nbdkit exited with status $(cat 15.status)"; }
+check_image_fs "example 15" disk.qcow2
+echo "example 15 (nbd-client, mount, cp -r, fstrim, umount, nbd-client -d; in the test guest): check clean, e2fsck clean, the files in the image"
+
+# ---------------------------------------------------------------- 16
+# nbdkit -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2
+# qemu-system-x86_64 -accel kvm -m 2G \
+#     -drive 'file=nbd+unix:///?socket=/tmp/disk.sock,format=raw,if=virtio,discard=unmap'
+# (in the guest, not in the example: the files of example 15 read back,
+# some deleted, one written, free space discarded, unmounted)
+mkdir -p guest16
+tree_sums expect > guest16/sums
+cat > guest16/run.sh <<'EOF'
+mount /dev/vda /mnt
+(cd /mnt && md5sum -c -s /test/sums)
+rm -r /mnt/files/sub
+dd if=/dev/zero of=/mnt/zeros bs=64k count=16 status=none
+fstrim /mnt
+umount /mnt
+EOF
+rm -r expect/files/sub
+head -c 1M /dev/zero > expect/zeros
+rm -f "$SOCK"
+run_nbdkit -U "$SOCK" --filter="$FILTER" file disk.qcow2 -P "$T/16.pid"
+daemon_started "$T/16.pid"
+guest_boot ex16 600 guest16 \
+    -drive "file=nbd+unix:///?socket=$SOCK,format=raw,if=virtio,discard=unmap" ||
+    fail "example 16: $GUEST_FAILURE"
+daemon_stop
+check_image_fs "example 16" disk.qcow2
+echo "example 16 (qemu-system-x86_64 -drive file=nbd+unix://...,if=virtio; in the test guest): files read back, changes in the image, check clean"
