@@ -113,7 +113,7 @@ _guest_build ()
 
     local packages=("$kernel" busybox-static nbd-client "${libs[@]}")
     if ! (cd debs && apt-get download -o APT::Sandbox::User=root "${packages[@]}") > download.log 2>&1; then
-        echo "guest: apt-get download ${packages[*]} failed: $(grep -m1 '^[EW]:' download.log || tail -n1 download.log)"
+        echo "guest: apt-get download of $kernel, busybox-static, nbd-client and its libraries failed: $(grep -m1 '^E:' download.log || grep -m1 '^W:' download.log || tail -n1 download.log)"
         return 1
     fi
     local deb name
