@@ -409,6 +409,29 @@ grep -q "qcow2zstd: read 0x[0-9a-f]*+4096: " ex14.log || { grep qcow2zstd ex14.l
 grep -q "qcow2zstd: pool: " ex14.log || { grep qcow2zstd ex14.log | head; fail "example 14: no pool lines"; }
 echo "example 14 (-D qcow2zstd.map=1 -D qcow2zstd.pool=1, 4 KiB reads): map and pool lines logged"
 
+# ---------------------------------------------------------------- 17
+# nbdkit -r -U /tmp/disk.sock --filter=qcow2zstd \
+#        curl https://example.com/disk.qcow2 qcow2-request-size=16M
+# nbdcopy --request-size=4194304 \
+#         'nbd+unix:///?socket=/tmp/disk.sock' disk.raw
+if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
+    echo "example 17 (curl, nbdcopy --request-size): skipped: nbdkit has no curl plugin"
+elif ! start_nginx "$T"; then
+    echo "example 17 (curl, nbdcopy --request-size): skipped: $NGINX_SKIP"
+else
+    rm -f "$SOCK" disk.raw
+    run_nbdkit -r -U "$SOCK" --filter="$FILTER" \
+           curl "$NGINX_URL/disk.qcow2" qcow2-request-size=16M -P "$T/17.pid"
+    daemon_started "$T/17.pid"
+    nbdcopy --request-size=4194304 \
+            "nbd+unix:///?socket=$SOCK" disk.raw || fail "example 17: nbdcopy failed"
+    daemon_stop
+    stop_nginx
+    cmp disk.raw now.raw || fail "example 17: disk.raw differs from the disk"
+    gets=$(grep -c '^GET /disk.qcow2 206 ' "$NGINX_ACCESS_LOG" || true)
+    echo "example 17 (curl from nginx, nbdcopy --request-size=4194304): identical, $gets range requests"
+fi
+
 # ------------------------------------------------------------ 15, 16
 # (not in the examples: disk.qcow2 is now an ext4 filesystem with room,
 # made from src/ by make_fs_image, and the guest's files/ is what the
