@@ -117,10 +117,7 @@ echo "Machine: $NPROC CPUs ($(awk -F': ' '/^model name/ { print $2; exit }' /pro
 echo "Versions: $(nbdkit --version | head -n1); $(PATH=$PATH:/usr/sbin nginx -v 2>&1); $(nbdcopy --version | head -n1)"
 echo "Filter: $FILTER_ORIG (run from a copy; tree $(git -C "$BENCH_TOPDIR" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 echo "Runs: $BENCH_RUNS per measurement, the two contenders alternating; results in $RES_DIR"
-if [ "$BENCH_NICE" != 0 ]; then
-    renice -n "$BENCH_NICE" -p $$ > /dev/null || die "renice $BENCH_NICE failed"
-    echo "Priority: nice $BENCH_NICE for nginx, the servers and the client (BENCH_NICE)"
-fi
+bench_nice
 echo "Load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 

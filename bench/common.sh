@@ -115,6 +115,15 @@ target ()
 }
 TARGET_SUMMARY=()
 
+# bench_nice: with BENCH_NICE set (not 0), run this shell and all it
+# starts at that nice value, and say so.
+bench_nice ()
+{
+    [ "${BENCH_NICE:-0}" != 0 ] || return 0
+    renice -n "$BENCH_NICE" -p $$ > /dev/null || die "renice $BENCH_NICE failed"
+    echo "Priority: nice $BENCH_NICE for the servers and clients (BENCH_NICE)"
+}
+
 # ---------------------------------------------------------------------
 # /proc accounting of a server process.
 
