@@ -3,10 +3,11 @@
 # own kernel, booted by qemu-system-x86_64 from an initramfs holding
 # busybox, nbd-client with its libraries, and the modules that mounting
 # ext4 from an NBD device or a virtio disk needs.  Sourced after
-# functions.sh by test-mount-kernel.sh and test-vm-disk.sh.
+# functions.sh by test-mount-kernel.sh, test-vm-disk.sh and
+# test-man-examples.sh.
 #
 # The guest is made at test time from Debian packages (apt-get download,
-# dpkg -x, depmod, cpio) and cached in $QCOW2ZSTD_GUEST_CACHE (default:
+# dpkg-deb -x, depmod, cpio) and cached in $QCOW2ZSTD_GUEST_CACHE (default:
 # tests/guest-cache in the build tree; .ci/run points every build of one
 # CI run at the same one).  Building it needs apt-get to reach the
 # Debian archive: without it the tests skip, saying why.
@@ -171,7 +172,7 @@ _guest_build ()
     cp x/busybox-static/bin/busybox "$root/bin/"
     cp x/nbd-client/sbin/nbd-client "$root/sbin/"
     local -A have=()
-    local need=(nbd-client) so lib found
+    local so lib found
     local interp
     interp=$(readelf -l "$root/sbin/nbd-client" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
     cp -L "x/libc6$interp" "$root$interp"
