@@ -36,6 +36,12 @@ qcow2zstd_install_deps ()
         fuse3 fuse2fs                   # nbdfuse + fuse2fs mount test
         time                            # GNU /usr/bin/time for peak RSS
         valgrind
+        # a real kernel, a VM and a web server (tests/guest-functions.sh,
+        # test-mount-kernel.sh, test-vm-disk.sh, tests/nginx-functions.sh)
+        qemu-system-x86                 # qemu-system-x86_64 boots the test guest
+        cpio kmod                       # its initramfs; depmod for its modules.dep
+        nbd-client                      # the host's own kernel client, where it has one
+        nginx                           # the curl tests and bench/bench-http.sh
     )
     local missing=() p status
 
