@@ -1,4 +1,4 @@
-/* nbdkit-qcow2zstd-filter: parameters. */
+/* qcow2zstd glue: the parameters of the filter and the plugin. */
 
 #include <config.h>
 
@@ -9,14 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The same source serves the filter and the plugin form. */
-#define NBDKIT_API_VERSION 2
-#ifdef QCOW2ZSTD_PLUGIN
-#include <nbdkit-plugin.h>
-#else
-#include <nbdkit-filter.h>
-#endif
-
+#include "nbdkit.h"
 #include "params.h"
 #include "qcow2-codec.h"
 

@@ -1,7 +1,5 @@
 /* qcow2zstd: what the filter and the plugin share: the parameters, the
  * debug flags, --dump-plugin, the statistics line, the extents adapter.
- *
- * Include nbdkit-filter.h or nbdkit-plugin.h first.
  */
 #ifndef QCOW2ZSTD_PARAMS_H
 #define QCOW2ZSTD_PARAMS_H
