@@ -180,13 +180,8 @@ qcow2zstd_block_size (nbdkit_next *next, void *handle,
                       uint32_t *maximum)
 {
   struct handle *h = handle;
-  uint32_t cluster_size =
-    qcow2_image_header (images_engine (h->shared))->cluster_size;
 
-  *minimum = 1;
-  /* Whole clusters decode straight into the client's buffer. */
-  *preferred = cluster_size > 4096 ? cluster_size : 4096;
-  *maximum = 0xffffffff;
+  glue_block_size (images_engine (h->shared), minimum, preferred, maximum);
   return 0;
 }
 
@@ -264,23 +259,8 @@ qcow2zstd_pread (nbdkit_next *next, void *handle,
 {
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
-  int r = qcow2_read (h->reader, &io, buf, count, offset);
 
-  if (r < 0) {
-    *err = -r;
-    return -1;
-  }
-  return 0;
-}
-
-static int
-result (int r, int *err)
-{
-  if (r < 0) {
-    *err = -r;
-    return -1;
-  }
-  return 0;
+  return glue_result (qcow2_read (h->reader, &io, buf, count, offset), err);
 }
 
 static int
@@ -291,7 +271,7 @@ qcow2zstd_pwrite (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return result (qcow2_write (h->reader, &io, buf, count, offset,
+  return glue_result (qcow2_write (h->reader, &io, buf, count, offset,
                               flags & NBDKIT_FLAG_FUA), err);
 }
 
@@ -302,7 +282,7 @@ qcow2zstd_zero (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return result (qcow2_zero (h->reader, &io, count, offset,
+  return glue_result (qcow2_zero (h->reader, &io, count, offset,
                              flags & NBDKIT_FLAG_FAST_ZERO,
                              flags & NBDKIT_FLAG_FUA), err);
 }
@@ -314,7 +294,7 @@ qcow2zstd_trim (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return result (qcow2_trim (h->reader, &io, count, offset,
+  return glue_result (qcow2_trim (h->reader, &io, count, offset,
                              flags & NBDKIT_FLAG_FUA), err);
 }
 
@@ -324,7 +304,7 @@ qcow2zstd_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return result (qcow2_flush (images_engine (h->shared), &io), err);
+  return glue_result (qcow2_flush (images_engine (h->shared), &io), err);
 }
 
 static int
@@ -334,15 +314,10 @@ qcow2zstd_extents (nbdkit_next *next, void *handle,
 {
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
-  int r;
 
   /* A client asking for one extent is served by the first run. */
-  r = qcow2_extents (h->reader, &io, offset, count, params_add_extent, extents);
-  if (r < 0) {
-    *err = -r;
-    return -1;
-  }
-  return 0;
+  return glue_result (qcow2_extents (h->reader, &io, offset, count,
+                                     params_add_extent, extents), err);
 }
 
 static int
@@ -361,11 +336,7 @@ qcow2zstd_cache (nbdkit_next *next, void *handle,
     nbdkit_debug ("qcow2zstd: cache request after the connection was "
                   "finalized: ignored");
   pthread_rwlock_unlock (&h->finalize_lock);
-  if (r < 0) {
-    *err = -r;
-    return -1;
-  }
-  return 0;
+  return glue_result (r, err);
 }
 
 static struct nbdkit_filter filter = {

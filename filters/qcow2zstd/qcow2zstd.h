@@ -9,6 +9,7 @@
 
 #include "qcow2.h"
 #include "params.h"
+#include "glue.h"
 
 /* images.c: one engine image per export, shared by its connections. */
 struct shared_image;

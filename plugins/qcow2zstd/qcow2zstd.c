@@ -20,6 +20,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "glue.h"
 #include "params.h"
 #include "qcow2-fileio.h"
 
@@ -41,22 +42,8 @@ struct handle {
   bool readonly;
 };
 
-static void
-log_error (void *opaque, const char *msg)
-{
-  nbdkit_error ("qcow2zstd: %s: %s", filename, msg);
-}
-
-static void
-log_debug (void *opaque, const char *msg)
-{
-  nbdkit_debug ("qcow2zstd: %s", msg);
-}
-
-static const struct qcow2_log engine_log = {
-  .error = log_error,
-  .debug = log_debug,
-};
+/* The engine's messages name the file: set with it. */
+static struct qcow2_log engine_log;
 
 static void
 qcow2zstd_load (void)
@@ -95,6 +82,7 @@ qcow2zstd_config_complete (void)
     nbdkit_error ("the image file was not given: nbdkit qcow2zstd FILE");
     return -1;
   }
+  engine_log = glue_engine_log (filename);
   engine_options.growable = true;
   return params_complete ();
 }
@@ -226,11 +214,7 @@ static int
 qcow2zstd_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
                       uint32_t *maximum)
 {
-  uint32_t cluster_size = qcow2_image_header (image)->cluster_size;
-
-  *minimum = 1;
-  *preferred = cluster_size > 4096 ? cluster_size : 4096;
-  *maximum = 0xffffffff;
+  glue_block_size (image, minimum, preferred, maximum);
   return 0;
 }
 
@@ -274,14 +258,11 @@ qcow2zstd_can_extents (void *handle)
   return 1;
 }
 
+/* A plugin reports the errno of a failure in errno. */
 static int
 errno_result (int r)
 {
-  if (r < 0) {
-    errno = -r;
-    return -1;
-  }
-  return 0;
+  return glue_result (r, &errno);
 }
 
 static int
