@@ -1,0 +1,181 @@
+/* qcow2zstd engine: the engine's structs, and the order of its locks.
+ *
+ * Every engine file includes this header, and nothing else is in it: the
+ * functions are declared by the header of the module that implements
+ * them.  Each struct says which file writes it; others only read.
+ *
+ * The lock order.  A thread that holds one of these locks takes only
+ * locks further down the list, never one above:
+ *
+ *   1. qcow2_image.lock (rwlock): writers exclusive, readers shared.  An
+ *      image's lock comes before the lock of its backing file's image
+ *      (a read through the backing chain takes them top down).
+ *   2. qcow2_image.dedup_lock: the table of compressed clusters.
+ *   3. a connection's lock (its free lists of requests and batches), then
+ *      its readahead lock (only ever tried, never waited for).
+ *   4. a pool's lock (qcow2-pool.c): queued batches, finished jobs.
+ *   5. a cache shard's lock (qcow2-cache.c).
+ *
+ * qcow2_image.compressors_lock guards the start of the compressor
+ * threads and is held with no other lock.
+ */
+#ifndef QCOW2_TYPES_H
+#define QCOW2_TYPES_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qcow2.h"
+#include "qcow2-tablemap.h"
+
+struct qcow2_cache;
+struct qcow2_decoder;
+struct qcow2_encoder;
+struct qcow2_pool;
+struct backing;
+struct dedup_slot;
+
+/* A range of host bytes whose clusters lose one reference once the
+ * metadata that stopped pointing at them is on disk.
+ */
+struct pending_free {
+  uint64_t offset;
+  uint64_t length;
+  uint64_t cache_key;         /* cluster cache key to drop, or 0 */
+};
+
+/* Refcount state, loaded when the image is opened for writing. */
+struct refcounts {
+  uint64_t *table;            /* host order */
+  uint64_t table_entries;
+  uint64_t table_offset;      /* where the table is, or goes, on disk */
+  uint32_t table_clusters;
+  bool table_dirty;           /* entries changed since written */
+  bool table_moved;           /* grown: write it whole, then the header */
+  struct tablemap blocks;     /* every refcount block loaded so far */
+  unsigned width_order;       /* refcount_order */
+  unsigned block_bits;        /* log2 of refcounts per block */
+  uint64_t max_refcount;
+  uint64_t host_clusters;     /* clusters that fit in the file */
+  uint64_t free_hint;         /* no free cluster below this index */
+  bool no_reclaim;            /* allocation may not write metadata back */
+  /* While compressed data is being packed, single clusters for plain
+   * data and tables come from a window of free clusters set apart, so
+   * that they interrupt the packing once per window instead of once per
+   * cluster (each interruption leaves part of a host cluster unused).
+   */
+  uint64_t window_next, window_end;
+  bool in_window;             /* allocating from the window: no nesting */
+  bool for_pack;              /* allocating a host cluster to pack into */
+  struct pending_free *pending;
+  size_t npending, pending_cap;
+};
+
+struct qcow2_image {
+  struct qcow2_header header;
+  struct qcow2_log log;
+  struct qcow2_options opts;
+  uint64_t file_size;
+  uint64_t *l1;                       /* host order, l1_size entries */
+  struct qcow2_cache *l2_cache;       /* raw big-endian L2 tables */
+  struct qcow2_cache *cluster_cache;  /* decompressed clusters */
+
+  /* Compressed descriptors: bits below csize_shift are the host byte
+   * offset, the csize_bits above them the extra sector count.
+   */
+  unsigned csize_shift;
+  uint64_t csize_mask;
+  uint64_t coffset_mask;
+
+  /* Writers hold it exclusively, readers shared: a read never sees an
+   * L2 table or the L1 table half changed.
+   */
+  pthread_rwlock_t lock;
+
+  /* Write state (opts.writable). */
+  struct refcounts rc;
+  struct tablemap dirty_l2;   /* changed L2 tables not yet on disk */
+  uint8_t *l1_dirty;          /* per L1 entry: changed since written */
+  bool l1_any_dirty;
+  uint64_t pack_cursor;       /* next free byte for compressed data, or 0 */
+  uint8_t *wbuf;              /* one cluster of scratch for writers */
+  uint8_t *wcompressed;       /* the largest compressed range */
+  struct qcow2_decoder *wdecoder;
+
+  struct backing *backing;    /* NULL: unallocated clusters read as zeros */
+
+  /* The compressor threads, started by the first compressing write
+   * (qcow2-compress.c).
+   */
+  pthread_mutex_t compressors_lock;
+  struct qcow2_pool *compressors;
+  struct qcow2_encoder *wencoder;     /* under the lock, when sharing failed */
+
+  /* Compressed clusters by the hash of their data (qcow2-dedup.c). */
+  pthread_mutex_t dedup_lock;
+  struct dedup_slot *dedup;
+  uint64_t dedup_mask;
+
+  /* Bumped before released clusters' cache entries are dropped, so that
+   * a decode started before the release cannot put them back.
+   */
+  _Atomic uint64_t free_generation;
+
+  /* Bytes written to the file since the last flush began, and whether
+   * a write is flushing them early (flush_data_early in qcow2-write.c).
+   */
+  _Atomic uint64_t unflushed_bytes;
+  atomic_bool early_flush_running;
+
+  _Atomic unsigned active_reads;      /* reads in progress, all readers */
+  _Atomic uint64_t clusters_decompressed;
+  _Atomic uint64_t bytes_read_underneath;
+  _Atomic uint64_t reads_underneath;
+};
+
+enum cluster_kind {
+  CLUSTER_UNALLOCATED,
+  CLUSTER_ZERO,
+  CLUSTER_NORMAL,
+  CLUSTER_COMPRESSED,
+};
+
+/* Where one guest cluster's data lives. */
+struct cluster_map {
+  enum cluster_kind kind;
+  uint64_t host_offset;       /* normal: cluster start; compressed: byte */
+  uint64_t compressed_len;    /* compressed: bytes in the range */
+  uint64_t l2_entry;          /* the raw entry (cache key) */
+};
+
+/* What each thread that decodes or encodes keeps (qcow2-read.c). */
+struct thread_state {
+  struct qcow2_decoder *dec;
+  uint8_t *scratch;             /* one cluster */
+  char err[256];
+};
+/* Compression of whole clusters in the reader's pool (qcow2-compress.c). */
+#define QCOW2_COMPRESS_ALL_ZERO INT64_MIN
+/* Not compressed: dedup[i] is to be checked and shared. */
+#define QCOW2_COMPRESS_DUPLICATE (INT64_MIN + 1)
+struct compress_ctx {
+  struct compress_ctx *next_free;
+  struct qcow2_image *img;
+  size_t count;                 /* clusters in this batch */
+  size_t capacity;              /* clusters OUT can hold */
+  const uint8_t **src;          /* per cluster */
+  uint32_t *src_len;            /* < cluster size: zero padded */
+  int64_t *result;              /* length, 0: store plain, ALL_ZERO,
+                                   DUPLICATE */
+  uint64_t *hash;               /* qcow2_dedup_hash; 0: last, partial */
+  uint64_t *dedup;              /* an L2 entry that may hold the same
+                                   data (the writer looked), or 0 */
+  uint8_t *out;                 /* capacity * cluster_size */
+  _Atomic int failed;
+  char errmsg[400];
+  pthread_cond_t finished;      /* the compressors finished the batch */
+};
+#endif /* QCOW2_TYPES_H */
