@@ -14,78 +14,6 @@
 #include "qcow2-endian.h"
 #include "qcow2-pool.h"
 
-static void
-vlog (void (*fn) (void *, const char *), void *opaque,
-      const char *fmt, va_list ap)
-{
-  char msg[512];
-
-  if (fn == NULL)
-    return;
-  vsnprintf (msg, sizeof msg, fmt, ap);
-  fn (opaque, msg);
-}
-
-void
-qcow2_error (struct qcow2_image *img, const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vlog (img->log.error, img->log.opaque, fmt, ap);
-  va_end (ap);
-}
-
-void
-qcow2_debug (struct qcow2_image *img, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (img->log.debug == NULL || !(img->opts.debug & QCOW2_DEBUG_IMAGE))
-    return;
-  va_start (ap, fmt);
-  vlog (img->log.debug, img->log.opaque, fmt, ap);
-  va_end (ap);
-}
-
-void
-qcow2_debug_if (struct qcow2_image *img, unsigned flag, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (img->log.debug == NULL || !(img->opts.debug & flag))
-    return;
-  va_start (ap, fmt);
-  vlog (img->log.debug, img->log.opaque, fmt, ap);
-  va_end (ap);
-}
-
-int
-qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
-                     void *buf, uint64_t len, uint64_t offset)
-{
-  uint64_t avail = offset < img->file_size ? img->file_size - offset : 0;
-  uint64_t from_file = len < avail ? len : avail;
-  int r;
-
-  if (from_file > 0) {
-    r = io->pread (io->opaque, buf, from_file, offset);
-    if (r < 0) {
-      qcow2_error (img, "read of %" PRIu64 " bytes at host offset "
-                   "0x%" PRIx64 " failed: %s", from_file, offset,
-                   strerror (-r));
-      return r;
-    }
-    atomic_fetch_add_explicit (&img->bytes_read_underneath, from_file,
-                               memory_order_relaxed);
-    atomic_fetch_add_explicit (&img->reads_underneath, 1,
-                               memory_order_relaxed);
-  }
-  if (from_file < len)
-    memset ((uint8_t *) buf + from_file, 0, len - from_file);
-  return 0;
-}
-
 static int
 log_extension (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)
 {
@@ -196,14 +124,6 @@ check_features_but_backing (const struct qcow2_header *h, char *err,
 
   without.backing_file_offset = 0;
   return qcow2_header_check_features (&without, err, errlen);
-}
-
-unsigned
-qcow2_online_cpus (void)
-{
-  long cpus = sysconf (_SC_NPROCESSORS_ONLN);
-
-  return cpus > 0 ? (unsigned) cpus : 1;
 }
 
 int

@@ -9,6 +9,7 @@
 #include "qcow2.h"
 #include "qcow2-cache.h"
 #include "qcow2-entries.h"
+#include "qcow2-hostio.h"
 #include "qcow2-tablemap.h"
 #include "qcow2-types.h"
 #include <pthread.h>
@@ -41,12 +42,6 @@ int qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
 int qcow2_check_bitmap (struct qcow2_image *img, uint64_t guest_cluster,
                         const struct cluster_map *map, uint64_t bitmap);
 
-/* Read [OFFSET, OFFSET+LEN) of the image underneath into BUF; bytes past
- * the end of the file read as zeros, as qemu reads them.
- */
-int qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
-                         void *buf, uint64_t len, uint64_t offset);
-
 void *qcow2_thread_state_new (void *image);
 
 struct request;
@@ -68,8 +63,6 @@ void qcow2_compress_ctx_free_all (struct qcow2_reader *reader);
  * them on first use) and wait for them.
  */
 int qcow2_compress_run (struct compress_ctx *ctx);
-/* The CPUs online, at least 1. */
-unsigned qcow2_online_cpus (void);
 /* Most clusters compressed in one batch. */
 size_t qcow2_compress_batch_max (const struct qcow2_image *img);
 
@@ -146,21 +139,5 @@ int qcow2_refcount_apply_frees (struct qcow2_image *img, struct qcow2_io *io);
  * released clusters can be reused.  Image lock held exclusively.
  */
 int qcow2_writeback_for_room (struct qcow2_image *img, struct qcow2_io *io);
-
-/* Write [OFFSET, OFFSET+LEN) of the image underneath, with a message on
- * failure.
- */
-int qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,
-                         const void *buf, uint64_t len, uint64_t offset);
-int qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io);
-
-void qcow2_error (struct qcow2_image *img, const char *fmt, ...)
-  __attribute__ ((format (printf, 2, 3)));
-void qcow2_debug (struct qcow2_image *img, const char *fmt, ...)
-  __attribute__ ((format (printf, 2, 3)));
-/* A debug message of category FLAG (QCOW2_DEBUG_*). */
-void qcow2_debug_if (struct qcow2_image *img, unsigned flag,
-                     const char *fmt, ...)
-  __attribute__ ((format (printf, 3, 4)));
 
 #endif /* QCOW2_INTERNAL_H */

@@ -53,39 +53,6 @@ entry_set (uint8_t *block, uint64_t index, unsigned order, uint64_t value)
 }
 
 int
-qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,
-                     const void *buf, uint64_t len, uint64_t offset)
-{
-  int r;
-
-  if (offset > img->file_size || len > img->file_size - offset) {
-    qcow2_error (img, "internal error: write of %" PRIu64 " bytes at 0x%"
-                 PRIx64 " would go past the end of the file", len, offset);
-    return -EIO;
-  }
-  r = io->pwrite (io->opaque, buf, len, offset);
-  if (r < 0)
-    qcow2_error (img, "write of %" PRIu64 " bytes at host offset 0x%" PRIx64
-                 " failed: %s", len, offset, strerror (-r));
-  else
-    atomic_fetch_add_explicit (&img->unflushed_bytes, len,
-                               memory_order_relaxed);
-  return r;
-}
-
-int
-qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io)
-{
-  int r;
-
-  atomic_store_explicit (&img->unflushed_bytes, 0, memory_order_relaxed);
-  r = io->flush (io->opaque);
-  if (r < 0)
-    qcow2_error (img, "flush failed: %s", strerror (-r));
-  return r;
-}
-
-int
 qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io)
 {
   const struct qcow2_header *h = &img->header;
