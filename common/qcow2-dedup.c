@@ -171,20 +171,6 @@ qcow2_dedup_remember (struct qcow2_image *img, uint64_t hash, uint64_t entry)
   pthread_mutex_unlock (&img->dedup_lock);
 }
 
-/* The host clusters the range of compressed MAP is counted in, as
- * release() in qcow2-write.c frees them.
- */
-static void
-range_clusters (const struct qcow2_image *img, const struct cluster_map *map,
-                uint64_t *first, uint64_t *last)
-{
-  uint64_t start = map->host_offset & ~UINT64_C (511);
-  uint64_t len = (map->host_offset & 511) + map->compressed_len;
-
-  *first = start >> img->header.cluster_bits;
-  *last = (start + len - 1) >> img->header.cluster_bits;
-}
-
 int
 qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
                    uint64_t guest_cluster, uint64_t entry,
@@ -192,14 +178,16 @@ qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
 {
   const uint32_t cluster_size = img->header.cluster_size;
   struct cluster_map map;
-  uint64_t first, last, c, refcount;
+  uint64_t start, len, first, last, c, refcount;
   char err[256];
   int r;
 
   if (qcow2_classify (img, guest_cluster, entry, &map) < 0 ||
       map.kind != CLUSTER_COMPRESSED)
     return -EIO;
-  range_clusters (img, &map, &first, &last);
+  qcow2_compressed_span (&map, &start, &len);
+  first = start >> img->header.cluster_bits;
+  last = (start + len - 1) >> img->header.cluster_bits;
   for (c = first; c <= last; ++c) {
     r = qcow2_refcount_get (img, io, c, &refcount);
     if (r < 0)

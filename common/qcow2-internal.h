@@ -10,37 +10,11 @@
 #include "qcow2-cache.h"
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
+#include "qcow2-map.h"
 #include "qcow2-tablemap.h"
 #include "qcow2-types.h"
 #include <pthread.h>
 #include <inttypes.h>
-
-/* Decode a standard L2 ENTRY for guest cluster GUEST_CLUSTER into *MAP,
- * validating it.  Returns 0, or -EIO after logging what is wrong.
- */
-int qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
-                    uint64_t entry, struct cluster_map *map);
-
-/* Most entries qcow2_l2_entries returns at once. */
-#define QCOW2_L2_BATCH 512
-
-/* Fetch the L2 entries (host order) for guest clusters
- * [FIRST, FIRST + *N) into ENTRIES, and with extended L2 entries their
- * subcluster bitmaps into BITMAPS (if not NULL; zeros otherwise); *N is
- * cut so the range stays inside one L2 table and QCOW2_L2_BATCH.  L2BUF
- * is cluster_size bytes of scratch.  Returns 0 or a negative errno after
- * logging.
- */
-int qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
-                      uint64_t first, size_t *n, uint64_t *entries,
-                      uint64_t *bitmaps, uint8_t *l2buf);
-
-/* With extended L2: is BITMAP valid for the cluster MAP describes?
- * (Compressed: empty; no subcluster both allocated and zero; none
- * allocated without a host offset.)  0, or -EIO after logging.
- */
-int qcow2_check_bitmap (struct qcow2_image *img, uint64_t guest_cluster,
-                        const struct cluster_map *map, uint64_t bitmap);
 
 void *qcow2_thread_state_new (void *image);
 

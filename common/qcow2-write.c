@@ -163,11 +163,8 @@ release (struct qcow2_image *img, const struct cluster_map *map)
     return qcow2_free_later (img, map->host_offset, img->header.cluster_size,
                              0);
   case CLUSTER_COMPRESSED: {
-    /* qemu counts a compressed cluster in every host cluster that its
-     * sector-rounded range touches.
-     */
-    uint64_t start = map->host_offset & ~UINT64_C (511);
-    uint64_t len = ((map->host_offset & 511) + map->compressed_len);
+    uint64_t start, len;
+    qcow2_compressed_span (map, &start, &len);
     return qcow2_free_later (img, start, len, map->l2_entry);
   }
   }
