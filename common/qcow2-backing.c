@@ -28,7 +28,7 @@ struct backing {
   struct qcow2_io io;
   uint64_t size;                /* raw: file size; qcow2: virtual size */
   struct qcow2_image *img;      /* qcow2 only */
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
 };
 
 struct format_search {
@@ -156,8 +156,8 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
       return r;
     }
     b->img->opts.image_dir = NULL;  /* the string is gone; not needed now */
-    b->reader = qcow2_reader_new (b->img);
-    if (b->reader == NULL)
+    b->conn = qcow2_conn_new (b->img);
+    if (b->conn == NULL)
       return -ENOMEM;
     b->size = b->img->header.virtual_size;
   }
@@ -179,7 +179,7 @@ qcow2_backing_close (struct qcow2_image *img)
 
   if (b == NULL)
     return;
-  qcow2_reader_free (b->reader);
+  qcow2_conn_free (b->conn);
   qcow2_image_close (b->img);
   if (b->io.opaque)
     qcow2_fileio_close (&b->io);
@@ -199,7 +199,7 @@ qcow2_backing_read (struct qcow2_image *img, void *buf, uint64_t len,
 
   if (n > 0) {
     if (b->is_qcow2)
-      r = qcow2_read (b->reader, &b->io, buf, n, offset);
+      r = qcow2_read (b->conn, &b->io, buf, n, offset);
     else {
       r = b->io.pread (b->io.opaque, buf, n, offset);
       if (r < 0)

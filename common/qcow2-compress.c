@@ -4,7 +4,7 @@
  * A write of whole clusters is compressed before the image lock is
  * taken, one job per cluster; only placing the results needs the lock.
  * Batch contexts (source pointers, results, the output area) are kept on
- * a per-reader free list and grow to the largest batch seen, so a stream
+ * a per-connection free list and grow to the largest batch seen, so a stream
  * of writes allocates nothing.
  */
 
@@ -51,11 +51,11 @@ ctx_free (struct compress_ctx *ctx)
 }
 
 struct compress_ctx *
-qcow2_compress_ctx_get (struct qcow2_reader *reader, size_t clusters)
+qcow2_compress_ctx_get (struct qcow2_conn *conn, size_t clusters)
 {
-  struct qcow2_image *img = qcow2_reader_image (reader);
-  pthread_mutex_t *lock = qcow2_reader_lock (reader);
-  struct compress_ctx **free_list = qcow2_reader_compress_free (reader);
+  struct qcow2_image *img = qcow2_conn_image (conn);
+  pthread_mutex_t *lock = qcow2_conn_lock (conn);
+  struct compress_ctx **free_list = qcow2_conn_compress_free (conn);
   struct compress_ctx *ctx;
 
   pthread_mutex_lock (lock);
@@ -104,10 +104,10 @@ qcow2_compress_ctx_get (struct qcow2_reader *reader, size_t clusters)
 }
 
 void
-qcow2_compress_ctx_put (struct qcow2_reader *reader, struct compress_ctx *ctx)
+qcow2_compress_ctx_put (struct qcow2_conn *conn, struct compress_ctx *ctx)
 {
-  pthread_mutex_t *lock = qcow2_reader_lock (reader);
-  struct compress_ctx **free_list = qcow2_reader_compress_free (reader);
+  pthread_mutex_t *lock = qcow2_conn_lock (conn);
+  struct compress_ctx **free_list = qcow2_conn_compress_free (conn);
 
   pthread_mutex_lock (lock);
   ctx->next_free = *free_list;
@@ -116,9 +116,9 @@ qcow2_compress_ctx_put (struct qcow2_reader *reader, struct compress_ctx *ctx)
 }
 
 void
-qcow2_compress_ctx_free_all (struct qcow2_reader *reader)
+qcow2_compress_ctx_free_all (struct qcow2_conn *conn)
 {
-  struct compress_ctx **free_list = qcow2_reader_compress_free (reader);
+  struct compress_ctx **free_list = qcow2_conn_compress_free (conn);
 
   while (*free_list) {
     struct compress_ctx *ctx = *free_list;

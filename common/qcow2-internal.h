@@ -20,19 +20,19 @@ void *qcow2_thread_state_new (void *image);
 
 struct request;
 struct compress_ctx;
-struct qcow2_image *qcow2_reader_image (struct qcow2_reader *reader);
-struct qcow2_pool *qcow2_reader_pool (struct qcow2_reader *reader);
-struct compress_ctx **qcow2_reader_compress_free (struct qcow2_reader *reader);
-pthread_mutex_t *qcow2_reader_lock (struct qcow2_reader *reader);
-struct request *qcow2_request_get (struct qcow2_reader *reader);
-void qcow2_request_put (struct qcow2_reader *reader, struct request *req);
+struct qcow2_image *qcow2_conn_image (struct qcow2_conn *conn);
+struct qcow2_pool *qcow2_conn_pool (struct qcow2_conn *conn);
+struct compress_ctx **qcow2_conn_compress_free (struct qcow2_conn *conn);
+pthread_mutex_t *qcow2_conn_lock (struct qcow2_conn *conn);
+struct request *qcow2_request_get (struct qcow2_conn *conn);
+void qcow2_request_put (struct qcow2_conn *conn, struct request *req);
 struct thread_state *qcow2_request_caller (struct request *req);
 
-struct compress_ctx *qcow2_compress_ctx_get (struct qcow2_reader *reader,
+struct compress_ctx *qcow2_compress_ctx_get (struct qcow2_conn *conn,
                                              size_t clusters);
-void qcow2_compress_ctx_put (struct qcow2_reader *reader,
+void qcow2_compress_ctx_put (struct qcow2_conn *conn,
                              struct compress_ctx *ctx);
-void qcow2_compress_ctx_free_all (struct qcow2_reader *reader);
+void qcow2_compress_ctx_free_all (struct qcow2_conn *conn);
 /* Compress CTX's clusters on the image's compressor threads (starting
  * them on first use) and wait for them.
  */

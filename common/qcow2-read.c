@@ -67,9 +67,9 @@ struct chunk {
   char errmsg[400];
 };
 
-/* The state of one read in progress.  A reader keeps the ones it made on
- * a free list, so concurrent reads of one connection each get their own
- * without allocating on every request.
+/* The state of one read in progress.  A connection keeps the ones it
+ * made on a free list, so concurrent reads of one connection each get
+ * their own without allocating on every request.
  */
 struct request {
   struct request *next_free;
@@ -83,7 +83,7 @@ struct request {
   uint64_t run_host, run_len;
 };
 
-struct qcow2_reader {
+struct qcow2_conn {
   struct qcow2_image *img;
   struct qcow2_pool *pool;
   size_t staging_size;
@@ -192,18 +192,18 @@ request_free (struct request *req)
 }
 
 struct request *
-qcow2_request_get (struct qcow2_reader *reader)
+qcow2_request_get (struct qcow2_conn *conn)
 {
-  struct qcow2_image *img = reader->img;
+  struct qcow2_image *img = conn->img;
   struct request *req;
   struct thread_state *ts;
   unsigned i;
 
-  pthread_mutex_lock (&reader->lock);
-  req = reader->free_list;
+  pthread_mutex_lock (&conn->lock);
+  req = conn->free_list;
   if (req)
-    reader->free_list = req->next_free;
-  pthread_mutex_unlock (&reader->lock);
+    conn->free_list = req->next_free;
+  pthread_mutex_unlock (&conn->lock);
   if (req)
     return req;
 
@@ -212,7 +212,7 @@ qcow2_request_get (struct qcow2_reader *reader)
     goto nomem;
   for (i = 0; i < 2; ++i) {
     req->chunk[i].img = img;
-    req->chunk[i].staging = malloc (reader->staging_size);
+    req->chunk[i].staging = malloc (conn->staging_size);
     if (req->chunk[i].staging == NULL)
       goto nomem;
   }
@@ -231,36 +231,36 @@ qcow2_request_get (struct qcow2_reader *reader)
 }
 
 void
-qcow2_request_put (struct qcow2_reader *reader, struct request *req)
+qcow2_request_put (struct qcow2_conn *conn, struct request *req)
 {
-  pthread_mutex_lock (&reader->lock);
-  req->next_free = reader->free_list;
-  reader->free_list = req;
-  pthread_mutex_unlock (&reader->lock);
+  pthread_mutex_lock (&conn->lock);
+  req->next_free = conn->free_list;
+  conn->free_list = req;
+  pthread_mutex_unlock (&conn->lock);
 }
 
 struct qcow2_image *
-qcow2_reader_image (struct qcow2_reader *reader)
+qcow2_conn_image (struct qcow2_conn *conn)
 {
-  return reader->img;
+  return conn->img;
 }
 
 struct qcow2_pool *
-qcow2_reader_pool (struct qcow2_reader *reader)
+qcow2_conn_pool (struct qcow2_conn *conn)
 {
-  return reader->pool;
+  return conn->pool;
 }
 
 struct compress_ctx **
-qcow2_reader_compress_free (struct qcow2_reader *reader)
+qcow2_conn_compress_free (struct qcow2_conn *conn)
 {
-  return &reader->compress_free;
+  return &conn->compress_free;
 }
 
 pthread_mutex_t *
-qcow2_reader_lock (struct qcow2_reader *reader)
+qcow2_conn_lock (struct qcow2_conn *conn)
 {
-  return &reader->lock;
+  return &conn->lock;
 }
 
 struct thread_state *
@@ -269,82 +269,82 @@ qcow2_request_caller (struct request *req)
   return &req->caller;
 }
 
-struct qcow2_reader *
-qcow2_reader_new (struct qcow2_image *img)
+struct qcow2_conn *
+qcow2_conn_new (struct qcow2_image *img)
 {
-  struct qcow2_reader *reader = calloc (1, sizeof *reader);
+  struct qcow2_conn *conn = calloc (1, sizeof *conn);
 
-  if (reader == NULL) {
-    qcow2_error (img, "out of memory for a reader");
+  if (conn == NULL) {
+    qcow2_error (img, "out of memory for a connection");
     return NULL;
   }
-  reader->img = img;
-  pthread_mutex_init (&reader->lock, NULL);
-  pthread_mutex_init (&reader->ra_lock, NULL);
+  conn->img = img;
+  pthread_mutex_init (&conn->lock, NULL);
+  pthread_mutex_init (&conn->ra_lock, NULL);
   /* A staging buffer holds at least the largest compressed range one
    * descriptor can name: 2^(cluster_bits-8) sectors of 512 bytes.
    */
-  reader->staging_size = img->opts.request_size;
-  if (reader->staging_size < 2 * (uint64_t) img->header.cluster_size)
-    reader->staging_size = 2 * (uint64_t) img->header.cluster_size;
-  reader->pool = qcow2_pool_new (img->opts.threads, qcow2_thread_state_new,
+  conn->staging_size = img->opts.request_size;
+  if (conn->staging_size < 2 * (uint64_t) img->header.cluster_size)
+    conn->staging_size = 2 * (uint64_t) img->header.cluster_size;
+  conn->pool = qcow2_pool_new (img->opts.threads, qcow2_thread_state_new,
                                  thread_state_free, img);
-  if (reader->pool == NULL) {
+  if (conn->pool == NULL) {
     qcow2_error (img, "cannot start %u worker threads", img->opts.threads);
-    pthread_mutex_destroy (&reader->lock);
-    free (reader);
+    pthread_mutex_destroy (&conn->lock);
+    free (conn);
     return NULL;
   }
-  return reader;
+  return conn;
 }
 
 void
-qcow2_reader_free (struct qcow2_reader *reader)
+qcow2_conn_free (struct qcow2_conn *conn)
 {
   struct request *req;
 
-  if (reader == NULL)
+  if (conn == NULL)
     return;
-  if (reader->ra) {
-    if (reader->ra->in_flight) {
-      req = qcow2_request_get (reader);
-      qcow2_pool_wait (reader->pool, &reader->ra->batch,
+  if (conn->ra) {
+    if (conn->ra->in_flight) {
+      req = qcow2_request_get (conn);
+      qcow2_pool_wait (conn->pool, &conn->ra->batch,
                        req ? &req->caller : NULL);
       if (req)
-        qcow2_request_put (reader, req);
+        qcow2_request_put (conn, req);
     }
-    free (reader->ra->staging);
-    free (reader->ra);
+    free (conn->ra->staging);
+    free (conn->ra);
   }
-  pthread_mutex_destroy (&reader->ra_lock);
-  qcow2_pool_free (reader->pool);
-  qcow2_compress_ctx_free_all (reader);
-  while ((req = reader->free_list) != NULL) {
-    reader->free_list = req->next_free;
+  pthread_mutex_destroy (&conn->ra_lock);
+  qcow2_pool_free (conn->pool);
+  qcow2_compress_ctx_free_all (conn);
+  while ((req = conn->free_list) != NULL) {
+    conn->free_list = req->next_free;
     request_free (req);
   }
-  pthread_mutex_destroy (&reader->lock);
-  free (reader);
+  pthread_mutex_destroy (&conn->lock);
+  free (conn);
 }
 
 /* Wait for chunk C if the pool has it; returns its error. */
 static int
-chunk_finish (struct qcow2_reader *reader, struct request *req,
+chunk_finish (struct qcow2_conn *conn, struct request *req,
               struct chunk *c)
 {
   int r = 0;
 
   if (c->in_flight) {
-    qcow2_pool_wait (reader->pool, &c->batch, &req->caller);
+    qcow2_pool_wait (conn->pool, &c->batch, &req->caller);
     c->in_flight = false;
-    qcow2_debug_if (reader->img, QCOW2_DEBUG_POOL,
+    qcow2_debug_if (conn->img, QCOW2_DEBUG_POOL,
                     "pool: %zu clusters in %zu jobs, %zu run by the calling "
                     "thread, %zu by %u workers", c->njobs, c->batch.count,
                     c->batch.run_by_waiter,
                     c->batch.count - c->batch.run_by_waiter,
-                    qcow2_pool_threads (reader->pool));
+                    qcow2_pool_threads (conn->pool));
     if (atomic_load (&c->failed)) {
-      qcow2_error (reader->img, "%s", c->errmsg);
+      qcow2_error (conn->img, "%s", c->errmsg);
       r = -EIO;
     }
   }
@@ -356,10 +356,10 @@ chunk_finish (struct qcow2_reader *reader, struct request *req,
  * then make the other chunk current (waiting for it first if needed).
  */
 static int
-chunk_flush (struct qcow2_reader *reader, struct request *req,
+chunk_flush (struct qcow2_conn *conn, struct request *req,
              struct qcow2_io *io)
 {
-  struct qcow2_image *img = reader->img;
+  struct qcow2_image *img = conn->img;
   struct chunk *c = &req->chunk[req->cur];
   int r;
 
@@ -383,25 +383,25 @@ chunk_flush (struct qcow2_reader *reader, struct request *req,
    * the CPUs busy already, so decode here rather than wake workers.
    */
   if (atomic_load_explicit (&img->active_reads, memory_order_relaxed) >
-      qcow2_pool_threads (reader->pool)) {
+      qcow2_pool_threads (conn->pool)) {
     qcow2_pool_run_here (&c->batch, &req->caller);
     c->in_flight = true;        /* chunk_finish collects the error */
-    return chunk_finish (reader, req, c);
+    return chunk_finish (conn, req, c);
   }
   c->in_flight = true;
-  qcow2_pool_submit (reader->pool, &c->batch);
+  qcow2_pool_submit (conn->pool, &c->batch);
 
   req->cur ^= 1;
-  return chunk_finish (reader, req, &req->chunk[req->cur]);
+  return chunk_finish (conn, req, &req->chunk[req->cur]);
 }
 
 static int
-add_compressed (struct qcow2_reader *reader, struct request *req,
+add_compressed (struct qcow2_conn *conn, struct request *req,
                 struct qcow2_io *io, const struct cluster_map *map,
                 uint64_t guest_offset, uint8_t *dst,
                 uint32_t part_off, uint32_t part_len)
 {
-  struct qcow2_image *img = reader->img;
+  struct qcow2_image *img = conn->img;
   struct chunk *c = &req->chunk[req->cur];
   uint64_t start = map->host_offset;
   uint64_t end = start + map->compressed_len;
@@ -411,9 +411,9 @@ add_compressed (struct qcow2_reader *reader, struct request *req,
   if (c->njobs > 0) {
     uint64_t new_end = end > c->host_end ? end : c->host_end;
     if (start < c->host_start || start > c->host_end + MAX_CHUNK_GAP ||
-        new_end - c->host_start > reader->staging_size ||
+        new_end - c->host_start > conn->staging_size ||
         c->njobs == MAX_CHUNK_CLUSTERS) {
-      r = chunk_flush (reader, req, io);
+      r = chunk_flush (conn, req, io);
       if (r < 0)
         return r;
       c = &req->chunk[req->cur];
@@ -458,18 +458,18 @@ run_flush (struct qcow2_image *img, struct request *req, struct qcow2_io *io)
 }
 
 static int
-add_normal (struct qcow2_reader *reader, struct request *req,
+add_normal (struct qcow2_conn *conn, struct request *req,
             struct qcow2_io *io, uint64_t host, uint8_t *dst, uint64_t len)
 {
   int r;
 
   if (req->run_len && req->run_host + req->run_len == host &&
       req->run_dst + req->run_len == dst &&
-      req->run_len + len <= reader->img->opts.request_size) {
+      req->run_len + len <= conn->img->opts.request_size) {
     req->run_len += len;
     return 0;
   }
-  r = run_flush (reader->img, req, io);
+  r = run_flush (conn->img, req, io);
   req->run_host = host;
   req->run_dst = dst;
   req->run_len = len;
@@ -482,12 +482,12 @@ add_normal (struct qcow2_reader *reader, struct request *req,
  * the backing file or as zeros.  Runs of alike subclusters go together.
  */
 static int
-read_subclusters (struct qcow2_reader *reader, struct request *req,
+read_subclusters (struct qcow2_conn *conn, struct request *req,
                   struct qcow2_io *io, const struct cluster_map *map,
                   uint64_t bitmap, uint64_t cstart, uint64_t lo, uint64_t hi,
                   uint8_t *dst)
 {
-  struct qcow2_image *img = reader->img;
+  struct qcow2_image *img = conn->img;
   const uint64_t sub_size = img->header.cluster_size / 32;
   uint64_t pos = lo;
   int r = 0;
@@ -510,7 +510,7 @@ read_subclusters (struct qcow2_reader *reader, struct request *req,
     if (end > hi)
       end = hi;
     if (allocated)
-      r = add_normal (reader, req, io, map->host_offset + (pos - cstart),
+      r = add_normal (conn, req, io, map->host_offset + (pos - cstart),
                       d, end - pos);
     else if (!zero && img->backing)
       r = qcow2_backing_read (img, d, end - pos, pos);
@@ -532,10 +532,10 @@ read_subclusters (struct qcow2_reader *reader, struct request *req,
  * into the cache.
  */
 static void
-readahead (struct qcow2_reader *reader, struct request *req,
+readahead (struct qcow2_conn *conn, struct request *req,
            struct qcow2_io *io, uint64_t first)
 {
-  struct qcow2_image *img = reader->img;
+  struct qcow2_image *img = conn->img;
   const uint32_t bits = img->header.cluster_bits;
   uint64_t last_cluster = (img->header.virtual_size - 1) >> bits;
   uint64_t entries[ENTRY_BATCH];
@@ -543,29 +543,29 @@ readahead (struct qcow2_reader *reader, struct request *req,
   struct chunk *c;
 
   if (img->header.virtual_size == 0 || first > last_cluster ||
-      pthread_mutex_trylock (&reader->ra_lock) != 0)
+      pthread_mutex_trylock (&conn->ra_lock) != 0)
     return;
-  if (reader->ra == NULL) {
-    reader->ra = calloc (1, sizeof *reader->ra);
-    if (reader->ra &&
-        (reader->ra->staging = malloc (reader->staging_size)) == NULL) {
-      free (reader->ra);
-      reader->ra = NULL;
+  if (conn->ra == NULL) {
+    conn->ra = calloc (1, sizeof *conn->ra);
+    if (conn->ra &&
+        (conn->ra->staging = malloc (conn->staging_size)) == NULL) {
+      free (conn->ra);
+      conn->ra = NULL;
     }
-    if (reader->ra == NULL)
+    if (conn->ra == NULL)
       goto out;
-    reader->ra->img = img;
+    conn->ra->img = img;
   }
-  c = reader->ra;
+  c = conn->ra;
   if (c->in_flight) {
-    qcow2_pool_wait (reader->pool, &c->batch, &req->caller);
+    qcow2_pool_wait (conn->pool, &c->batch, &req->caller);
     c->in_flight = false;
-    qcow2_debug_if (reader->img, QCOW2_DEBUG_POOL,
+    qcow2_debug_if (conn->img, QCOW2_DEBUG_POOL,
                     "pool: %zu clusters in %zu jobs, %zu run by the calling "
                     "thread, %zu by %u workers", c->njobs, c->batch.count,
                     c->batch.run_by_waiter,
                     c->batch.count - c->batch.run_by_waiter,
-                    qcow2_pool_threads (reader->pool));
+                    qcow2_pool_threads (conn->pool));
   }
   c->njobs = 0;
 
@@ -593,7 +593,7 @@ readahead (struct qcow2_reader *reader, struct request *req,
     else if (map.host_offset < c->host_start ||
              map.host_offset > c->host_end + MAX_CHUNK_GAP ||
              map.host_offset + map.compressed_len - c->host_start >
-             reader->staging_size)
+             conn->staging_size)
       break;                    /* only what one read underneath fetches */
     else if (map.host_offset + map.compressed_len > c->host_end)
       c->host_end = map.host_offset + map.compressed_len;
@@ -617,19 +617,19 @@ readahead (struct qcow2_reader *reader, struct request *req,
   c->batch.arg = c;
   c->batch.count = c->njobs;
   c->in_flight = true;
-  qcow2_pool_submit (reader->pool, &c->batch);
+  qcow2_pool_submit (conn->pool, &c->batch);
  out:
-  pthread_mutex_unlock (&reader->ra_lock);
+  pthread_mutex_unlock (&conn->ra_lock);
 }
 
 /* The read path; with BUF NULL it only fills the cluster cache with the
  * compressed clusters of the range that are not in it yet.
  */
 static int
-read_range (struct qcow2_reader *reader, struct qcow2_io *io,
+read_range (struct qcow2_conn *conn, struct qcow2_io *io,
             uint8_t *buf, uint64_t count, uint64_t offset)
 {
-  struct qcow2_image *img = reader->img;
+  struct qcow2_image *img = conn->img;
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t cluster_size = img->header.cluster_size;
   const uint64_t end = offset + count;
@@ -648,7 +648,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
                  count, offset, img->header.virtual_size);
     return -EINVAL;
   }
-  req = qcow2_request_get (reader);
+  req = qcow2_request_get (conn);
   if (req == NULL)
     return -ENOMEM;
   req->cur = 0;
@@ -678,7 +678,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
       kinds[map.kind]++;
       if (img->header.extended_l2 && map.kind != CLUSTER_COMPRESSED) {
         if (buf)
-          r = read_subclusters (reader, req, io, &map, bitmaps[i], cstart,
+          r = read_subclusters (conn, req, io, &map, bitmaps[i], cstart,
                                 lo, hi, buf + (lo - offset));
         pos = hi;
         continue;
@@ -696,7 +696,7 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
         break;
       case CLUSTER_NORMAL:
         if (dst)
-          r = add_normal (reader, req, io, map.host_offset + (lo - cstart),
+          r = add_normal (conn, req, io, map.host_offset + (lo - cstart),
                           dst, hi - lo);
         break;
       case CLUSTER_COMPRESSED:
@@ -711,11 +711,11 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
           break;
         }
         if (dst && hi - lo == cluster_size) {
-          r = add_compressed (reader, req, io, &map, cstart, dst,
+          r = add_compressed (conn, req, io, &map, cstart, dst,
                               0, cluster_size);
           break;
         }
-        r = add_compressed (reader, req, io, &map, cstart, dst,
+        r = add_compressed (conn, req, io, &map, cstart, dst,
                             lo - cstart, hi - lo);
         break;
       }
@@ -727,16 +727,16 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
   if (r == 0)
     r = r2;
   if (r == 0)
-    r = chunk_flush (reader, req, io);
+    r = chunk_flush (conn, req, io);
   /* A small read that continues the previous one and enters a new
    * cluster: keep the next clusters decoding ahead of the client.
    */
   if (r == 0 && buf && count < READAHEAD_BYTES &&
-      qcow2_pool_threads (reader->pool) > 0 &&
-      atomic_load (&reader->last_end) == offset &&
+      qcow2_pool_threads (conn->pool) > 0 &&
+      atomic_load (&conn->last_end) == offset &&
       (offset & (cluster_size - 1)) < count)
-    readahead (reader, req, io, ((end - 1) >> bits) + 1);
-  atomic_store (&reader->last_end, end);
+    readahead (conn, req, io, ((end - 1) >> bits) + 1);
+  atomic_store (&conn->last_end, end);
   qcow2_debug_if (img, QCOW2_DEBUG_MAP,
                   "%s 0x%" PRIx64 "+%" PRIu64 ": %" PRIu64 " unallocated%s, %"
                   PRIu64 " zero, %" PRIu64 " normal, %" PRIu64 " compressed (%"
@@ -747,38 +747,38 @@ read_range (struct qcow2_reader *reader, struct qcow2_io *io,
                   kinds[CLUSTER_ZERO], kinds[CLUSTER_NORMAL],
                   kinds[CLUSTER_COMPRESSED], cache_hits, r ? ": failed" : "");
   /* Whatever happened, no chunk may still be in the pool's hands. */
-  r2 = chunk_finish (reader, req, &req->chunk[0]);
+  r2 = chunk_finish (conn, req, &req->chunk[0]);
   if (r == 0)
     r = r2;
-  r2 = chunk_finish (reader, req, &req->chunk[1]);
+  r2 = chunk_finish (conn, req, &req->chunk[1]);
   if (r == 0)
     r = r2;
   pthread_rwlock_unlock (&img->lock);
   atomic_fetch_sub_explicit (&img->active_reads, 1, memory_order_relaxed);
-  qcow2_request_put (reader, req);
+  qcow2_request_put (conn, req);
   return r;
 }
 
 int
-qcow2_read (struct qcow2_reader *reader, struct qcow2_io *io,
+qcow2_read (struct qcow2_conn *conn, struct qcow2_io *io,
             void *buf, uint64_t count, uint64_t offset)
 {
-  return read_range (reader, io, buf, count, offset);
+  return read_range (conn, io, buf, count, offset);
 }
 
 int
-qcow2_prefetch (struct qcow2_reader *reader, struct qcow2_io *io,
+qcow2_prefetch (struct qcow2_conn *conn, struct qcow2_io *io,
                 uint64_t offset, uint64_t count)
 {
-  return read_range (reader, io, NULL, count, offset);
+  return read_range (conn, io, NULL, count, offset);
 }
 
 int
-qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
+qcow2_extents (struct qcow2_conn *conn, struct qcow2_io *io,
                uint64_t offset, uint64_t count,
                qcow2_extent_fn fn, void *opaque)
 {
-  struct qcow2_image *img = reader->img;
+  struct qcow2_image *img = conn->img;
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t end = offset + count;
   uint64_t entries[ENTRY_BATCH], bitmaps[ENTRY_BATCH];
@@ -789,7 +789,7 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
 
   if (count == 0)
     return 0;
-  req = qcow2_request_get (reader);
+  req = qcow2_request_get (conn);
   if (req == NULL)
     return -ENOMEM;
   pthread_rwlock_rdlock (&img->lock);
@@ -854,6 +854,6 @@ qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
   else if (pos > run_start)
     r = fn (opaque, run_start, pos - run_start, run_zero);
   pthread_rwlock_unlock (&img->lock);
-  qcow2_request_put (reader, req);
+  qcow2_request_put (conn, req);
   return r;
 }

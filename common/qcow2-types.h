@@ -157,7 +157,7 @@ struct thread_state {
   uint8_t *scratch;             /* one cluster */
   char err[256];
 };
-/* Compression of whole clusters in the reader's pool (qcow2-compress.c). */
+/* Compression of whole clusters on the image's compressor threads (qcow2-compress.c). */
 #define QCOW2_COMPRESS_ALL_ZERO INT64_MIN
 /* Not compressed: dedup[i] is to be checked and shared. */
 #define QCOW2_COMPRESS_DUPLICATE (INT64_MIN + 1)

@@ -658,10 +658,10 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
  * the parts of clusters at either end take the plain path.
  */
 static int
-write_compressed (struct qcow2_reader *reader, struct qcow2_io *io,
+write_compressed (struct qcow2_conn *conn, struct qcow2_io *io,
                   const uint8_t *buf, uint64_t count, uint64_t offset)
 {
-  struct qcow2_image *img = qcow2_reader_image (reader);
+  struct qcow2_image *img = qcow2_conn_image (conn);
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t cluster_size = img->header.cluster_size;
   const uint64_t end = offset + count;
@@ -672,7 +672,7 @@ write_compressed (struct qcow2_reader *reader, struct qcow2_io *io,
 
   if (clusters > qcow2_compress_batch_max (img))
     clusters = qcow2_compress_batch_max (img);
-  ctx = qcow2_compress_ctx_get (reader, clusters);
+  ctx = qcow2_compress_ctx_get (conn, clusters);
   if (ctx == NULL)
     return -ENOMEM;
 
@@ -717,7 +717,7 @@ write_compressed (struct qcow2_reader *reader, struct qcow2_io *io,
   r2 = flush_compress_batch (io, ctx, batch_gc);
   if (r == 0)
     r = r2;
-  qcow2_compress_ctx_put (reader, ctx);
+  qcow2_compress_ctx_put (conn, ctx);
   return r;
 }
 
@@ -749,10 +749,10 @@ flush_data_early (struct qcow2_image *img, struct qcow2_io *io)
 }
 
 int
-qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
+qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
              const void *buf, uint64_t count, uint64_t offset, bool fua)
 {
-  struct qcow2_image *img = qcow2_reader_image (reader);
+  struct qcow2_image *img = qcow2_conn_image (conn);
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)
@@ -761,7 +761,7 @@ qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
                   offset, count, img->opts.compress ? " (compressing)" : "",
                   fua ? " FUA" : "");
   if (img->opts.compress) {
-    r = write_compressed (reader, io, buf, count, offset);
+    r = write_compressed (conn, io, buf, count, offset);
     if (r == 0 && fua)
       r = qcow2_flush (img, io);
   }
@@ -816,10 +816,10 @@ zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
 }
 
 int
-qcow2_zero (struct qcow2_reader *reader, struct qcow2_io *io,
+qcow2_zero (struct qcow2_conn *conn, struct qcow2_io *io,
             uint64_t count, uint64_t offset, bool fast, bool fua)
 {
-  struct qcow2_image *img = qcow2_reader_image (reader);
+  struct qcow2_image *img = qcow2_conn_image (conn);
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)
@@ -840,10 +840,10 @@ qcow2_zero (struct qcow2_reader *reader, struct qcow2_io *io,
 }
 
 int
-qcow2_trim (struct qcow2_reader *reader, struct qcow2_io *io,
+qcow2_trim (struct qcow2_conn *conn, struct qcow2_io *io,
             uint64_t count, uint64_t offset, bool fua)
 {
-  struct qcow2_image *img = qcow2_reader_image (reader);
+  struct qcow2_image *img = qcow2_conn_image (conn);
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)

@@ -599,13 +599,13 @@ log_debug (void *opaque, const char *msg)
   (void) msg;
 }
 
-/* One open image with its reader, I/O and log. */
+/* One open image with its connection, I/O and log. */
 struct session {
   struct mem_io mio;
   struct log_capture log;
   struct qcow2_log qlog;
   struct qcow2_image *img;
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
 };
 
 static int
@@ -623,8 +623,8 @@ session_open (struct session *s, const uint8_t *file, uint64_t size,
   in_engine_call = true;
   r = qcow2_image_open (&s->mio.io, &s->qlog, opts, &s->img);
   if (r == 0) {
-    s->reader = qcow2_reader_new (s->img);
-    if (s->reader == NULL)
+    s->conn = qcow2_conn_new (s->img);
+    if (s->conn == NULL)
       r = -ENOMEM;
   }
   in_engine_call = false;
@@ -635,13 +635,13 @@ session_open (struct session *s, const uint8_t *file, uint64_t size,
 static void
 session_close (struct session *s)
 {
-  qcow2_reader_free (s->reader);
+  qcow2_conn_free (s->conn);
   qcow2_image_close (s->img);
   CHECK_EQ (atomic_load (&s->mio.outside), 0);
   CHECK_EQ (atomic_load (&s->mio.wrong_thread), 0);
   CHECK_EQ (s->log.malformed, 0);
   pthread_mutex_destroy (&s->log.lock);
-  s->reader = NULL;
+  s->conn = NULL;
   s->img = NULL;
 }
 
@@ -651,7 +651,7 @@ do_read (struct session *s, void *buf, uint64_t count, uint64_t offset)
   int r;
 
   in_engine_call = true;
-  r = qcow2_read (s->reader, &s->mio.io, buf, count, offset);
+  r = qcow2_read (s->conn, &s->mio.io, buf, count, offset);
   in_engine_call = false;
   return r;
 }
@@ -662,7 +662,7 @@ do_prefetch (struct session *s, uint64_t offset, uint64_t count)
   int r;
 
   in_engine_call = true;
-  r = qcow2_prefetch (s->reader, &s->mio.io, offset, count);
+  r = qcow2_prefetch (s->conn, &s->mio.io, offset, count);
   in_engine_call = false;
   return r;
 }
@@ -919,7 +919,7 @@ test_reads (const struct image *img)
               img->spec->name, opts.threads, opts.request_size,
               opts.l2_cache_size, opts.cluster_cache_size);
     CHECK_EQ (session_open (&s, img->file, img->file_size, &opts), 0);
-    if (s.reader == NULL) {
+    if (s.conn == NULL) {
       fprintf (stderr, "  %s: open failed: %s\n", ctx, s.log.last);
       qcow2_image_close (s.img);
       continue;
@@ -959,7 +959,7 @@ test_basics (const struct image *img)
 
   CHECK_EQ (session_open (&s, img->file, img->file_size, &default_options),
             0);
-  if (s.reader == NULL)
+  if (s.conn == NULL)
     return;
   h = qcow2_image_header (s.img);
   CHECK_EQ (h->version, img->spec->version);
@@ -1051,7 +1051,7 @@ extents_cover (struct session *s, const struct image *img, uint64_t offset,
     int r;
 
     in_engine_call = true;
-    r = qcow2_extents (s->reader, &s->mio.io, from, end - from,
+    r = qcow2_extents (s->conn, &s->mio.io, from, end - from,
                        check_extent, &ec);
     in_engine_call = false;
     CHECK_EQ (r, 0);
@@ -1075,7 +1075,7 @@ test_extents (const struct image *img)
 
   CHECK_EQ (session_open (&s, img->file, img->file_size, &default_options),
             0);
-  if (s.reader == NULL)
+  if (s.conn == NULL)
     return;
   for (size_t i = 0; i < ps.n && failures < 5; ++i)
     if (!extents_cover (&s, img, ps.p[i].offset, ps.p[i].len)) {
@@ -1094,7 +1094,7 @@ test_extents (const struct image *img)
   {
     struct extent_check ec = { .img = img, .next = 0, .stop_after = 1 };
     in_engine_call = true;
-    CHECK_EQ (qcow2_extents (s.reader, &s.mio.io, 0, img->virtual_size,
+    CHECK_EQ (qcow2_extents (s.conn, &s.mio.io, 0, img->virtual_size,
                              check_extent, &ec), -EINTR);
     in_engine_call = false;
     /* "FN returns ... a negative errno to stop with that error": no
@@ -1106,11 +1106,11 @@ test_extents (const struct image *img)
     /* Failing on the second range, and on the last (only) one. */
     struct extent_check ec = { .img = img, .next = 0, .stop_after = 2 };
     in_engine_call = true;
-    CHECK_EQ (qcow2_extents (s.reader, &s.mio.io, 0, img->virtual_size,
+    CHECK_EQ (qcow2_extents (s.conn, &s.mio.io, 0, img->virtual_size,
                              check_extent, &ec), -EINTR);
     CHECK_EQ (ec.calls, 2);
     ec = (struct extent_check) { .img = img, .next = 0, .stop_after = 1 };
-    CHECK_EQ (qcow2_extents (s.reader, &s.mio.io, 0, 1, check_extent, &ec),
+    CHECK_EQ (qcow2_extents (s.conn, &s.mio.io, 0, 1, check_extent, &ec),
               -EINTR);
     CHECK_EQ (ec.calls, 1);
     in_engine_call = false;
@@ -1119,7 +1119,7 @@ test_extents (const struct image *img)
   {
     struct extent_check ec = { .img = img, .next = 0 };
     in_engine_call = true;
-    CHECK_EQ (qcow2_extents (s.reader, &s.mio.io, 5, 0, check_extent, &ec),
+    CHECK_EQ (qcow2_extents (s.conn, &s.mio.io, 5, 0, check_extent, &ec),
               0);
     in_engine_call = false;
     CHECK_EQ (ec.calls, 0);
@@ -1185,7 +1185,7 @@ test_prefetch (const struct image *img, unsigned threads)
     return;
 
   CHECK_EQ (session_open (&s, img->file, img->file_size, &opts), 0);
-  if (s.reader == NULL)
+  if (s.conn == NULL)
     return;
   stats (&s, &s0);
   CHECK_EQ (s0.clusters_decompressed, 0);
@@ -1224,7 +1224,7 @@ test_prefetch (const struct image *img, unsigned threads)
   opts.cluster_cache_size = 0;
   opts.l2_cache_size = 0;
   CHECK_EQ (session_open (&s, img->file, img->file_size, &opts), 0);
-  if (s.reader == NULL)
+  if (s.conn == NULL)
     return;
   CHECK_EQ (do_prefetch (&s, pr->first * C, range_len), 0);
   stats (&s, &s1);
@@ -1276,7 +1276,7 @@ expect_corrupt (const char *what, const struct image *img, uint8_t *file,
 
     opts.threads = thread_counts[t];
     CHECK_EQ (session_open (&s, file, img->file_size, &opts), 0);
-    if (s.reader == NULL) {
+    if (s.conn == NULL) {
       fprintf (stderr, "  %s: open failed: %s\n", what, s.log.last);
       qcow2_image_close (s.img);
       free (buf);
@@ -1309,7 +1309,7 @@ expect_corrupt (const char *what, const struct image *img, uint8_t *file,
       int r;
 
       in_engine_call = true;
-      r = qcow2_extents (s.reader, &s.mio.io, k * C, C, check_extent, &ec);
+      r = qcow2_extents (s.conn, &s.mio.io, k * C, C, check_extent, &ec);
       in_engine_call = false;
       if (effect == METADATA) {
         CHECK_EQ (r, -EIO);
@@ -1321,7 +1321,7 @@ expect_corrupt (const char *what, const struct image *img, uint8_t *file,
         CHECK_EQ (ec.next, (k + 1) * C);
       }
     }
-    /* The reader is still fine for good clusters. */
+    /* The connection is still fine for good clusters. */
     CHECK (read_cluster (&s, img, good, what));
     session_close (&s);
     free (buf);
@@ -1526,7 +1526,7 @@ test_io_errors (const struct image *img)
 
     opts.threads = thread_counts[t];
     CHECK_EQ (session_open (&s, img->file, img->file_size, &opts), 0);
-    if (s.reader == NULL) {
+    if (s.conn == NULL) {
       qcow2_image_close (s.img);
       continue;
     }
@@ -1545,7 +1545,7 @@ test_io_errors (const struct image *img)
     {
       struct extent_check ec = { .img = img, .next = normal * C };
       in_engine_call = true;
-      CHECK_EQ (qcow2_extents (s.reader, &s.mio.io, normal * C, C,
+      CHECK_EQ (qcow2_extents (s.conn, &s.mio.io, normal * C, C,
                                check_extent, &ec), -ENXIO);
       in_engine_call = false;
       CHECK_EQ (s.log.errors, errors + 4);
@@ -1647,19 +1647,19 @@ test_open_refusals (const struct image *img)
   {
     struct mem_io m;
     struct qcow2_image *image = NULL;
-    struct qcow2_reader *reader;
+    struct qcow2_conn *conn;
     uint8_t byte;
 
     mem_io_init (&m, img->file, img->file_size);
     in_engine_call = true;
     CHECK_EQ (qcow2_image_open (&m.io, NULL, &default_options, &image), 0);
     if (image) {
-      reader = qcow2_reader_new (image);
-      CHECK (reader != NULL);
-      CHECK_EQ (qcow2_read (reader, &m.io, &byte, 1, img->virtual_size),
+      conn = qcow2_conn_new (image);
+      CHECK (conn != NULL);
+      CHECK_EQ (qcow2_read (conn, &m.io, &byte, 1, img->virtual_size),
                 -EINVAL);
-      CHECK_EQ (qcow2_read (reader, &m.io, &byte, 1, 0), 0);
-      qcow2_reader_free (reader);
+      CHECK_EQ (qcow2_read (conn, &m.io, &byte, 1, 0), 0);
+      qcow2_conn_free (conn);
       qcow2_image_close (image);
     }
     in_engine_call = false;
@@ -1670,7 +1670,7 @@ test_open_refusals (const struct image *img)
 
 struct reader_thread {
   struct session *s;
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
   const struct image *img;
   uint64_t seed;
   unsigned reads;
@@ -1700,7 +1700,7 @@ reader_thread_main (void *arg)
 
     if (len > img->virtual_size - offset)
       len = img->virtual_size - offset;
-    r = qcow2_read (rt->reader, &rt->s->mio.io, got, len, offset);
+    r = qcow2_read (rt->conn, &rt->s->mio.io, got, len, offset);
     CHECK_EQ (r, 0);
     expected_bytes (img, want, offset, len);
     if (r != 0 || memcmp (got, want, len) != 0) {
@@ -1710,7 +1710,7 @@ reader_thread_main (void *arg)
       break;
     }
     if (i % 16 == 0)
-      qcow2_prefetch (rt->reader, &rt->s->mio.io, offset, len);
+      qcow2_prefetch (rt->conn, &rt->s->mio.io, offset, len);
   }
   in_engine_call = false;
   free (got);
@@ -1718,8 +1718,8 @@ reader_thread_main (void *arg)
   return NULL;
 }
 
-/* Several threads read through one reader at once (the contract allows
- * it), and a second reader shares the image with the first; small caches
+/* Several threads read through one connection at once (the contract allows
+ * it), and a second connection shares the image with the first; small caches
  * keep them evicting each other's entries.
  */
 static void
@@ -1729,20 +1729,20 @@ test_concurrency (const struct image *img)
   struct qcow2_options opts = default_options;
   struct reader_thread rt[NTHREADS];
   pthread_t threads[NTHREADS];
-  struct qcow2_reader *second;
+  struct qcow2_conn *second;
   struct session s;
   int started = 0;
 
   opts.cluster_cache_size = 5 * img->cluster_size;
   opts.l2_cache_size = 2 * img->cluster_size;
   CHECK_EQ (session_open (&s, img->file, img->file_size, &opts), 0);
-  if (s.reader == NULL)
+  if (s.conn == NULL)
     return;
-  second = qcow2_reader_new (s.img);
+  second = qcow2_conn_new (s.img);
   CHECK (second != NULL);
   for (int t = 0; t < NTHREADS; ++t) {
     rt[t] = (struct reader_thread) {
-      .s = &s, .reader = t % 2 && second ? second : s.reader, .img = img,
+      .s = &s, .conn = t % 2 && second ? second : s.conn, .img = img,
       .seed = UINT64_C (0xabcdef) * (t + 1),
       .reads = img->cluster_size >= 2 * MiB ? 10 : 300,
     };
@@ -1754,7 +1754,7 @@ test_concurrency (const struct image *img)
   for (int t = 0; t < started; ++t)
     pthread_join (threads[t], NULL);
   CHECK_EQ (s.log.errors, 0);
-  qcow2_reader_free (second);
+  qcow2_conn_free (second);
   session_close (&s);
 }
 

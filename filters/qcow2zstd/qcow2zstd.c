@@ -19,7 +19,7 @@
 struct handle {
   char *exportname;
   struct shared_image *shared;
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
   bool writable;
   /* Held for reading by .cache, for writing by .finalize: see there. */
   pthread_rwlock_t finalize_lock;
@@ -116,13 +116,13 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
     return -1;
   h->writable = !readonly && plugin_can_write == 1 &&
     qcow2_image_writable (images_engine (h->shared));
-  h->reader = qcow2_reader_new (images_engine (h->shared));
-  if (h->reader == NULL)
+  h->conn = qcow2_conn_new (images_engine (h->shared));
+  if (h->conn == NULL)
     return -1;
   return 0;
 }
 
-/* The reader and the image are released here rather than in .close,
+/* The connection and the image are released here rather than in .close,
  * which nbdkit skips when it is shutting down.  nbdkit's own threads send
  * no request after .finalize, but a filter above may, from a thread of
  * its own: nbdkit 1.32's readahead sends the .cache requests still in
@@ -135,8 +135,8 @@ qcow2zstd_finalize (nbdkit_next *next, void *handle)
   struct handle *h = handle;
 
   pthread_rwlock_wrlock (&h->finalize_lock);
-  qcow2_reader_free (h->reader);
-  h->reader = NULL;
+  qcow2_conn_free (h->conn);
+  h->conn = NULL;
   if (h->shared) {
     /* Every connection that can write flushes: the export's last one to
      * leave may be one that cannot.  Errors were logged; what is on disk
@@ -159,7 +159,7 @@ qcow2zstd_close (void *handle)
   struct handle *h = handle;
 
   /* finalize is skipped when prepare failed part way. */
-  qcow2_reader_free (h->reader);
+  qcow2_conn_free (h->conn);
   if (h->shared)
     images_release (h->shared);
   pthread_rwlock_destroy (&h->finalize_lock);
@@ -260,7 +260,7 @@ qcow2zstd_pread (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return glue_result (qcow2_read (h->reader, &io, buf, count, offset), err);
+  return glue_result (qcow2_read (h->conn, &io, buf, count, offset), err);
 }
 
 static int
@@ -271,7 +271,7 @@ qcow2zstd_pwrite (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return glue_result (qcow2_write (h->reader, &io, buf, count, offset,
+  return glue_result (qcow2_write (h->conn, &io, buf, count, offset,
                               flags & NBDKIT_FLAG_FUA), err);
 }
 
@@ -282,7 +282,7 @@ qcow2zstd_zero (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return glue_result (qcow2_zero (h->reader, &io, count, offset,
+  return glue_result (qcow2_zero (h->conn, &io, count, offset,
                              flags & NBDKIT_FLAG_FAST_ZERO,
                              flags & NBDKIT_FLAG_FUA), err);
 }
@@ -294,7 +294,7 @@ qcow2zstd_trim (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return glue_result (qcow2_trim (h->reader, &io, count, offset,
+  return glue_result (qcow2_trim (h->conn, &io, count, offset,
                              flags & NBDKIT_FLAG_FUA), err);
 }
 
@@ -316,7 +316,7 @@ qcow2zstd_extents (nbdkit_next *next, void *handle,
   struct qcow2_io io = IO_FOR (next);
 
   /* A client asking for one extent is served by the first run. */
-  return glue_result (qcow2_extents (h->reader, &io, offset, count,
+  return glue_result (qcow2_extents (h->conn, &io, offset, count,
                                      params_add_extent, extents), err);
 }
 
@@ -330,8 +330,8 @@ qcow2zstd_cache (nbdkit_next *next, void *handle,
 
   /* A prefetch is only advice: after .finalize there is nothing to do. */
   pthread_rwlock_rdlock (&h->finalize_lock);
-  if (h->reader)
-    r = qcow2_prefetch (h->reader, &io, offset, count);
+  if (h->conn)
+    r = qcow2_prefetch (h->conn, &io, offset, count);
   else
     nbdkit_debug ("qcow2zstd: cache request after the connection was "
                   "finalized: ignored");

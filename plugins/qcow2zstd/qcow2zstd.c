@@ -38,7 +38,7 @@ static bool created;
 static bool stats_logged;      /* by the cleanup, before the last close */
 
 struct handle {
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
   bool readonly;
 };
 
@@ -158,8 +158,8 @@ qcow2zstd_open (int readonly)
     free (h);
     return NULL;
   }
-  h->reader = qcow2_reader_new (image);
-  if (h->reader == NULL) {
+  h->conn = qcow2_conn_new (image);
+  if (h->conn == NULL) {
     free (h);
     return NULL;
   }
@@ -171,7 +171,7 @@ qcow2zstd_close (void *handle)
 {
   struct handle *h = handle;
 
-  qcow2_reader_free (h->reader);
+  qcow2_conn_free (h->conn);
   pthread_mutex_lock (&image_lock);
   if (--users == 0) {
     qcow2_flush (image, &file_io);
@@ -270,7 +270,7 @@ qcow2zstd_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
                  uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_read (h->reader, &file_io, buf, count, offset));
+  return errno_result (qcow2_read (h->conn, &file_io, buf, count, offset));
 }
 
 static int
@@ -278,7 +278,7 @@ qcow2zstd_pwrite (void *handle, const void *buf, uint32_t count,
                   uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_write (h->reader, &file_io, buf, count, offset,
+  return errno_result (qcow2_write (h->conn, &file_io, buf, count, offset,
                                     flags & NBDKIT_FLAG_FUA));
 }
 
@@ -286,7 +286,7 @@ static int
 qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_zero (h->reader, &file_io, count, offset,
+  return errno_result (qcow2_zero (h->conn, &file_io, count, offset,
                                    flags & NBDKIT_FLAG_FAST_ZERO,
                                    flags & NBDKIT_FLAG_FUA));
 }
@@ -295,7 +295,7 @@ static int
 qcow2zstd_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_trim (h->reader, &file_io, count, offset,
+  return errno_result (qcow2_trim (h->conn, &file_io, count, offset,
                                    flags & NBDKIT_FLAG_FUA));
 }
 
@@ -310,7 +310,7 @@ qcow2zstd_extents (void *handle, uint32_t count, uint64_t offset,
                    uint32_t flags, struct nbdkit_extents *extents)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_extents (h->reader, &file_io, offset, count,
+  return errno_result (qcow2_extents (h->conn, &file_io, offset, count,
                                       params_add_extent, extents));
 }
 
@@ -319,7 +319,7 @@ qcow2zstd_cache (void *handle, uint32_t count, uint64_t offset,
                  uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_prefetch (h->reader, &file_io, offset, count));
+  return errno_result (qcow2_prefetch (h->conn, &file_io, offset, count));
 }
 
 static struct nbdkit_plugin plugin = {

@@ -54,7 +54,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   struct qcow2_io io = { .opaque = &file, .pread = mem_pread, .size = mem_size };
   struct qcow2_options opts = { 0 };
   struct qcow2_image *img;
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
   const uint8_t *params = data;
 
   if (size < 32)
@@ -71,8 +71,8 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 
   if (qcow2_image_open (&io, NULL, &opts, &img) < 0)
     return 0;
-  reader = qcow2_reader_new (img);
-  if (reader == NULL)
+  conn = qcow2_conn_new (img);
+  if (conn == NULL)
     abort ();
 
   uint64_t vsize = qcow2_image_header (img)->virtual_size;
@@ -82,13 +82,13 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     uint64_t covered = 0;
     if (len > vsize - off)
       len = vsize - off;
-    qcow2_read (reader, &io, buf, len, off);
-    qcow2_extents (reader, &io, off, len, count_extent, &covered);
+    qcow2_read (conn, &io, buf, len, off);
+    qcow2_extents (conn, &io, off, len, count_extent, &covered);
     if (covered > len)
       abort ();
-    qcow2_prefetch (reader, &io, off, len < 65536 ? len : 65536);
+    qcow2_prefetch (conn, &io, off, len < 65536 ? len : 65536);
   }
-  qcow2_reader_free (reader);
+  qcow2_conn_free (conn);
   qcow2_image_close (img);
   return 0;
 }

@@ -153,7 +153,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     .l2_cache_size = 1 << 20, .cluster_cache_size = 1 << 20,
   };
   struct qcow2_image *img;
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
   bool was_consistent;
 
   if (size < OPS_BYTES + 72 || size > (4 << 20))
@@ -168,8 +168,8 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 
   if (qcow2_image_open (&io, &log, &opts, &img) < 0)
     goto out;
-  reader = qcow2_reader_new (img);
-  if (reader == NULL)
+  conn = qcow2_conn_new (img);
+  if (conn == NULL)
     abort ();
   pthread_rwlock_wrlock (&img->lock);
   was_consistent = refcounts_cover_references (img, &io);
@@ -186,11 +186,11 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       len = sizeof buf;
     memset (buf, op[1], len);
     switch (op[0] % 5) {
-    case 0: qcow2_write (reader, &io, buf, len, off, op[1] & 1); break;
-    case 1: qcow2_zero (reader, &io, len, off, op[1] & 2, false); break;
-    case 2: qcow2_trim (reader, &io, len, off, false); break;
+    case 0: qcow2_write (conn, &io, buf, len, off, op[1] & 1); break;
+    case 1: qcow2_zero (conn, &io, len, off, op[1] & 2, false); break;
+    case 2: qcow2_trim (conn, &io, len, off, false); break;
     case 3: qcow2_flush (img, &io); break;
-    case 4: qcow2_read (reader, &io, buf, len, off); break;
+    case 4: qcow2_read (conn, &io, buf, len, off); break;
     }
   }
   qcow2_flush (img, &io);
@@ -202,7 +202,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     }
     pthread_rwlock_unlock (&img->lock);
   }
-  qcow2_reader_free (reader);
+  qcow2_conn_free (conn);
   qcow2_image_close (img);
  out:
   free (file.data);
