@@ -816,10 +816,9 @@ zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
 }
 
 int
-qcow2_zero (struct qcow2_conn *conn, struct qcow2_io *io,
+qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
             uint64_t count, uint64_t offset, bool fast, bool fua)
 {
-  struct qcow2_image *img = qcow2_conn_image (conn);
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)
@@ -840,10 +839,9 @@ qcow2_zero (struct qcow2_conn *conn, struct qcow2_io *io,
 }
 
 int
-qcow2_trim (struct qcow2_conn *conn, struct qcow2_io *io,
+qcow2_trim (struct qcow2_image *img, struct qcow2_io *io,
             uint64_t count, uint64_t offset, bool fua)
 {
-  struct qcow2_image *img = qcow2_conn_image (conn);
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)

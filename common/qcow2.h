@@ -138,13 +138,13 @@ int qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
  * clusters are written with zeros.  With FAST true, fails with -ENOTSUP
  * before changing anything if zeroes would have to be written.
  */
-int qcow2_zero (struct qcow2_conn *conn, struct qcow2_io *io,
+int qcow2_zero (struct qcow2_image *image, struct qcow2_io *io,
                 uint64_t count, uint64_t offset, bool fast, bool fua);
 
 /* Discard [OFFSET, OFFSET+COUNT): whole clusters are released and read as
  * zeros afterwards; parts of clusters are left as they are.
  */
-int qcow2_trim (struct qcow2_conn *conn, struct qcow2_io *io,
+int qcow2_trim (struct qcow2_image *image, struct qcow2_io *io,
                 uint64_t count, uint64_t offset, bool fua);
 
 /* Write all changed metadata in crash-safe order and flush the image

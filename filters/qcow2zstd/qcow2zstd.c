@@ -272,7 +272,7 @@ qcow2zstd_pwrite (nbdkit_next *next, void *handle,
   struct qcow2_io io = IO_FOR (next);
 
   return glue_result (qcow2_write (h->conn, &io, buf, count, offset,
-                              flags & NBDKIT_FLAG_FUA), err);
+                                   flags & NBDKIT_FLAG_FUA), err);
 }
 
 static int
@@ -282,9 +282,9 @@ qcow2zstd_zero (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return glue_result (qcow2_zero (h->conn, &io, count, offset,
-                             flags & NBDKIT_FLAG_FAST_ZERO,
-                             flags & NBDKIT_FLAG_FUA), err);
+  return glue_result (qcow2_zero (images_engine (h->shared), &io, count,
+                                  offset, flags & NBDKIT_FLAG_FAST_ZERO,
+                                  flags & NBDKIT_FLAG_FUA), err);
 }
 
 static int
@@ -294,8 +294,8 @@ qcow2zstd_trim (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return glue_result (qcow2_trim (h->conn, &io, count, offset,
-                             flags & NBDKIT_FLAG_FUA), err);
+  return glue_result (qcow2_trim (images_engine (h->shared), &io, count,
+                                  offset, flags & NBDKIT_FLAG_FUA), err);
 }
 
 static int

@@ -285,8 +285,7 @@ qcow2zstd_pwrite (void *handle, const void *buf, uint32_t count,
 static int
 qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  struct handle *h = handle;
-  return errno_result (qcow2_zero (h->conn, &file_io, count, offset,
+  return errno_result (qcow2_zero (image, &file_io, count, offset,
                                    flags & NBDKIT_FLAG_FAST_ZERO,
                                    flags & NBDKIT_FLAG_FUA));
 }
@@ -294,8 +293,7 @@ qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 qcow2zstd_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  struct handle *h = handle;
-  return errno_result (qcow2_trim (h->conn, &file_io, count, offset,
+  return errno_result (qcow2_trim (image, &file_io, count, offset,
                                    flags & NBDKIT_FLAG_FUA));
 }
 

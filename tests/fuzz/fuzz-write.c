@@ -187,8 +187,8 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     memset (buf, op[1], len);
     switch (op[0] % 5) {
     case 0: qcow2_write (conn, &io, buf, len, off, op[1] & 1); break;
-    case 1: qcow2_zero (conn, &io, len, off, op[1] & 2, false); break;
-    case 2: qcow2_trim (conn, &io, len, off, false); break;
+    case 1: qcow2_zero (img, &io, len, off, op[1] & 2, false); break;
+    case 2: qcow2_trim (img, &io, len, off, false); break;
     case 3: qcow2_flush (img, &io); break;
     case 4: qcow2_read (conn, &io, buf, len, off); break;
     }
