@@ -3,9 +3,8 @@
  *
  * A write of whole clusters is compressed before the image lock is
  * taken, one job per cluster; only placing the results needs the lock.
- * Batch contexts (source pointers, results, the output area) are kept on
- * a per-connection free list and grow to the largest batch seen, so a stream
- * of writes allocates nothing.
+ * The batches themselves (source pointers, results, the output area) are
+ * the connection's (qcow2-conn.c).
  */
 
 #include <config.h>
@@ -33,98 +32,6 @@ qcow2_compress_batch_max (const struct qcow2_image *img)
   if (n > BATCH_MAX_CLUSTERS)
     n = BATCH_MAX_CLUSTERS;
   return n ? n : 1;
-}
-
-static void
-ctx_free (struct compress_ctx *ctx)
-{
-  if (ctx == NULL)
-    return;
-  free (ctx->src);
-  free (ctx->src_len);
-  free (ctx->result);
-  free (ctx->hash);
-  free (ctx->dedup);
-  free (ctx->out);
-  pthread_cond_destroy (&ctx->finished);
-  free (ctx);
-}
-
-struct compress_ctx *
-qcow2_compress_ctx_get (struct qcow2_conn *conn, size_t clusters)
-{
-  struct qcow2_image *img = qcow2_conn_image (conn);
-  pthread_mutex_t *lock = qcow2_conn_lock (conn);
-  struct compress_ctx **free_list = qcow2_conn_compress_free (conn);
-  struct compress_ctx *ctx;
-
-  pthread_mutex_lock (lock);
-  ctx = *free_list;
-  if (ctx)
-    *free_list = ctx->next_free;
-  pthread_mutex_unlock (lock);
-
-  if (ctx == NULL) {
-    ctx = calloc (1, sizeof *ctx);
-    if (ctx == NULL)
-      goto nomem;
-    ctx->img = img;
-    pthread_cond_init (&ctx->finished, NULL);
-  }
-  if (ctx->capacity < clusters) {
-    const uint8_t **src = realloc (ctx->src, clusters * sizeof *src);
-    if (src)
-      ctx->src = src;
-    uint32_t *src_len = realloc (ctx->src_len, clusters * sizeof *src_len);
-    if (src_len)
-      ctx->src_len = src_len;
-    int64_t *result = realloc (ctx->result, clusters * sizeof *result);
-    if (result)
-      ctx->result = result;
-    uint64_t *hash = realloc (ctx->hash, clusters * sizeof *hash);
-    if (hash)
-      ctx->hash = hash;
-    uint64_t *dedup = realloc (ctx->dedup, clusters * sizeof *dedup);
-    if (dedup)
-      ctx->dedup = dedup;
-    free (ctx->out);
-    ctx->out = malloc (clusters * (size_t) img->header.cluster_size);
-    if (!src || !src_len || !result || !hash || !dedup || !ctx->out) {
-      ctx_free (ctx);
-      goto nomem;
-    }
-    ctx->capacity = clusters;
-  }
-  ctx->count = 0;
-  return ctx;
-
- nomem:
-  qcow2_error (img, "out of memory for compressing a write");
-  return NULL;
-}
-
-void
-qcow2_compress_ctx_put (struct qcow2_conn *conn, struct compress_ctx *ctx)
-{
-  pthread_mutex_t *lock = qcow2_conn_lock (conn);
-  struct compress_ctx **free_list = qcow2_conn_compress_free (conn);
-
-  pthread_mutex_lock (lock);
-  ctx->next_free = *free_list;
-  *free_list = ctx;
-  pthread_mutex_unlock (lock);
-}
-
-void
-qcow2_compress_ctx_free_all (struct qcow2_conn *conn)
-{
-  struct compress_ctx **free_list = qcow2_conn_compress_free (conn);
-
-  while (*free_list) {
-    struct compress_ctx *ctx = *free_list;
-    *free_list = ctx->next_free;
-    ctx_free (ctx);
-  }
 }
 
 static bool

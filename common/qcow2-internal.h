@@ -11,28 +11,13 @@
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
 #include "qcow2-map.h"
+#include "qcow2-backing.h"
+#include "qcow2-conn.h"
 #include "qcow2-tablemap.h"
 #include "qcow2-types.h"
 #include <pthread.h>
 #include <inttypes.h>
 
-void *qcow2_thread_state_new (void *image);
-
-struct request;
-struct compress_ctx;
-struct qcow2_image *qcow2_conn_image (struct qcow2_conn *conn);
-struct qcow2_pool *qcow2_conn_pool (struct qcow2_conn *conn);
-struct compress_ctx **qcow2_conn_compress_free (struct qcow2_conn *conn);
-pthread_mutex_t *qcow2_conn_lock (struct qcow2_conn *conn);
-struct request *qcow2_request_get (struct qcow2_conn *conn);
-void qcow2_request_put (struct qcow2_conn *conn, struct request *req);
-struct thread_state *qcow2_request_caller (struct request *req);
-
-struct compress_ctx *qcow2_compress_ctx_get (struct qcow2_conn *conn,
-                                             size_t clusters);
-void qcow2_compress_ctx_put (struct qcow2_conn *conn,
-                             struct compress_ctx *ctx);
-void qcow2_compress_ctx_free_all (struct qcow2_conn *conn);
 /* Compress CTX's clusters on the image's compressor threads (starting
  * them on first use) and wait for them.
  */
@@ -75,14 +60,6 @@ uint64_t qcow2_pack_next_cluster (const struct qcow2_image *img);
  * free for it goes back to the allocator.
  */
 void qcow2_pack_reset (struct qcow2_image *img);
-
-/* Backing files (qcow2-backing.c). */
-int qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
-                        size_t first_len);
-void qcow2_backing_close (struct qcow2_image *img);
-/* Read LEN bytes of the backing disk at OFFSET (zeros past its end). */
-int qcow2_backing_read (struct qcow2_image *img, void *buf, uint64_t len,
-                        uint64_t offset);
 
 /* Refcounts (qcow2-refcount.c); all with img->lock held exclusively. */
 int qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io);

@@ -29,12 +29,12 @@
 #include <stdint.h>
 
 #include "qcow2.h"
+#include "qcow2-pool.h"
 #include "qcow2-tablemap.h"
 
 struct qcow2_cache;
 struct qcow2_decoder;
 struct qcow2_encoder;
-struct qcow2_pool;
 struct backing;
 struct dedup_slot;
 
@@ -151,16 +151,73 @@ struct cluster_map {
   uint64_t l2_entry;          /* the raw entry (cache key) */
 };
 
-/* What each thread that decodes or encodes keeps (qcow2-read.c). */
+/* What each thread that decodes keeps: a connection's pool workers, and
+ * each read request for its calling thread (qcow2-conn.c).
+ */
 struct thread_state {
   struct qcow2_decoder *dec;
   uint8_t *scratch;             /* one cluster */
   char err[256];
 };
-/* Compression of whole clusters on the image's compressor threads (qcow2-compress.c). */
-#define QCOW2_COMPRESS_ALL_ZERO INT64_MIN
-/* Not compressed: dedup[i] is to be checked and shared. */
-#define QCOW2_COMPRESS_DUPLICATE (INT64_MIN + 1)
+
+/* One compressed cluster to decode (qcow2-chunk.c). */
+struct job {
+  uint32_t in_off;              /* of its data in the staging buffer */
+  uint32_t in_len;
+  uint8_t *whole_dst;           /* the request covers the cluster: decode here */
+  uint8_t *part_dst;            /* else copy part_len bytes from part_off */
+  uint32_t part_off, part_len;
+  uint64_t key;                 /* L2 entry, the cluster cache key */
+  uint64_t guest_offset;        /* for messages */
+};
+
+/* Most clusters in one chunk. */
+#define QCOW2_MAX_CHUNK_CLUSTERS 1024
+
+/* Compressed clusters whose bytes lie (nearly) back to back on the host,
+ * fetched with one read and decoded by the connection's pool
+ * (qcow2-chunk.c).
+ */
+struct chunk {
+  struct qcow2_batch batch;
+  struct qcow2_image *img;
+  size_t clusters_per_job;
+  uint8_t *staging;
+  struct job jobs[QCOW2_MAX_CHUNK_CLUSTERS];
+  size_t njobs;
+  uint64_t host_start, host_end;
+  bool in_flight;
+  bool readahead;               /* nobody waits: results only go to the cache */
+  uint64_t generation;          /* img->free_generation when it was read */
+  _Atomic int failed;
+  char errmsg[400];
+};
+
+/* The state of one read in progress.  A connection keeps the ones it
+ * made on a free list, so concurrent reads of one connection each get
+ * their own without allocating on every request (made by qcow2-conn.c,
+ * used by qcow2-read.c).
+ */
+struct request {
+  struct request *next_free;
+  struct chunk chunk[2];
+  unsigned cur;
+  struct thread_state caller;
+  uint8_t *l2buf;
+
+  /* A pending run of host-contiguous normal clusters. */
+  uint8_t *run_dst;
+  uint64_t run_host, run_len;
+};
+
+/* A batch of whole clusters to compress on the image's compressor
+ * threads (filled by qcow2-write.c, compressed and placed by
+ * qcow2-compress.c, kept by the connection: qcow2-conn.c).  RESULT holds
+ * for each cluster the compressed length, 0 to store it plain, or:
+ */
+#define QCOW2_COMPRESS_ALL_ZERO INT64_MIN        /* every byte is zero */
+#define QCOW2_COMPRESS_DUPLICATE (INT64_MIN + 1)  /* dedup[i] is to be
+                                                     checked and shared */
 struct compress_ctx {
   struct compress_ctx *next_free;
   struct qcow2_image *img;

@@ -672,7 +672,7 @@ write_compressed (struct qcow2_conn *conn, struct qcow2_io *io,
 
   if (clusters > qcow2_compress_batch_max (img))
     clusters = qcow2_compress_batch_max (img);
-  ctx = qcow2_compress_ctx_get (conn, clusters);
+  ctx = qcow2_conn_batch_get (conn, clusters);
   if (ctx == NULL)
     return -ENOMEM;
 
@@ -717,7 +717,7 @@ write_compressed (struct qcow2_conn *conn, struct qcow2_io *io,
   r2 = flush_compress_batch (io, ctx, batch_gc);
   if (r == 0)
     r = r2;
-  qcow2_compress_ctx_put (conn, ctx);
+  qcow2_conn_batch_put (conn, ctx);
   return r;
 }
 
