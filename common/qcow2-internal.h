@@ -13,6 +13,7 @@
 #include "qcow2-map.h"
 #include "qcow2-backing.h"
 #include "qcow2-conn.h"
+#include "qcow2-writeback.h"
 #include "qcow2-tablemap.h"
 #include "qcow2-types.h"
 #include <pthread.h>
@@ -84,11 +85,5 @@ int qcow2_free_later (struct qcow2_image *img, uint64_t offset,
 int qcow2_refcount_writeback (struct qcow2_image *img, struct qcow2_io *io);
 /* Apply the queued releases to the refcounts in memory. */
 int qcow2_refcount_apply_frees (struct qcow2_image *img, struct qcow2_io *io);
-
-/* qcow2-write.c: the metadata writeback, without the final flush and
- * keeping the L2 tables in memory (a caller may hold one), so that
- * released clusters can be reused.  Image lock held exclusively.
- */
-int qcow2_writeback_for_room (struct qcow2_image *img, struct qcow2_io *io);
 
 #endif /* QCOW2_INTERNAL_H */

@@ -1,17 +1,7 @@
-/* qcow2zstd engine: writes, zeroes, trims and the metadata writeback.
+/* qcow2zstd engine: writes, zeroes and trims.
  *
- * Every change runs with the image lock held exclusively.  Guest data is
- * written at once, either in place (a normal cluster with COPIED set,
- * i.e. refcount exactly 1) or into a newly allocated cluster.  L2 and L1
- * changes stay in memory until qcow2_flush (or until enough have piled
- * up), which writes them in the order that keeps the image consistent on
- * disk at every moment:
- *
- *   refcount blocks (increments) -> flush -> refcount table -> flush ->
- *   header if the table moved -> flush -> L2 tables -> flush -> L1 ->
- *   flush -> decrements of what was released -> refcount blocks -> flush
- *
- * A crash anywhere leaks clusters at worst.
+ * Every change runs with the image lock held exclusively; the metadata it
+ * changes reaches the disk in the order qcow2-writeback.h describes.
  */
 
 #include <config.h>
@@ -23,11 +13,6 @@
 #include "qcow2-internal.h"
 #include "qcow2-codec.h"
 #include "qcow2-endian.h"
-
-/* Write back before this much changed metadata piles up in memory. */
-#define MAX_DIRTY_L2_BYTES (UINT64_C (16) << 20)
-#define MIN_DIRTY_L2_TABLES 8
-#define MAX_PENDING_FREES 65536
 
 /* A run of guest data bound for contiguous host bytes. */
 struct data_run {
@@ -65,85 +50,6 @@ run_add (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run,
   return r;
 }
 
-/* The L2 table for L1_INDEX, as a table that may be changed: made (and
- * hooked into the L1 table in memory) if the L1 entry is empty, else
- * loaded into the dirty set.  With CREATE false and no table, *OUT is
- * NULL.
- */
-static int
-l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
-              uint64_t l1_index, bool create, struct meta_table **out)
-{
-  const struct qcow2_header *h = &img->header;
-  uint64_t l1e = img->l1[l1_index];
-  uint64_t offset = l1e & L1E_OFFSET_MASK;
-  struct meta_table *t;
-  int r;
-
-  *out = NULL;
-  if (offset == 0) {
-    if (!create)
-      return 0;
-    r = qcow2_alloc_clusters (img, io, 1, &offset);
-    if (r < 0)
-      return r;
-    t = calloc (1, sizeof *t + h->cluster_size);
-    if (t == NULL)
-      goto nomem;
-    t->offset = offset;
-    t->dirty = true;
-    if (tablemap_insert (&img->dirty_l2, t) == -1) {
-      free (t);
-      goto nomem;
-    }
-    img->l1[l1_index] = offset | L2E_COPIED;
-    img->l1_dirty[l1_index] = 1;
-    img->l1_any_dirty = true;
-    *out = t;
-    return 0;
-  }
-
-  if ((l1e & L1E_RESERVED_MASK) || (offset & (h->cluster_size - 1)) ||
-      offset > img->file_size || h->cluster_size > img->file_size - offset) {
-    qcow2_error (img, "L1 entry %" PRIu64 " (0x%016" PRIx64 ") is invalid: "
-                 "reserved bits, unaligned or outside the file",
-                 l1_index, l1e);
-    return -EIO;
-  }
-  if (!(l1e & L2E_COPIED)) {
-    qcow2_error (img, "L1 entry %" PRIu64 ": the L2 table is shared "
-                 "(COPIED is clear) and cannot be written in place",
-                 l1_index);
-    return -EIO;
-  }
-  t = tablemap_find (&img->dirty_l2, offset);
-  if (t) {
-    *out = t;
-    return 0;
-  }
-  t = malloc (sizeof *t + h->cluster_size);
-  if (t == NULL)
-    goto nomem;
-  t->offset = offset;
-  t->dirty = true;
-  if (!qcow2_cache_get (img->l2_cache, offset, 0, t->data, h->cluster_size)) {
-    r = qcow2_pread_clamped (img, io, t->data, h->cluster_size, offset);
-    if (r < 0) {
-      free (t);
-      return r;
-    }
-  }
-  if (tablemap_insert (&img->dirty_l2, t) == -1) {
-    free (t);
-    goto nomem;
-  }
-  *out = t;
-  return 0;
-
- nomem:
-  qcow2_error (img, "out of memory for an L2 table");
-  return -ENOMEM;
-}
 
 /* Queue the release of whatever MAP held. */
 static int
@@ -268,18 +174,6 @@ write_cluster (struct qcow2_image *img, struct qcow2_io *io,
   return release (img, &map);
 }
 
-static bool
-too_much_dirty (struct qcow2_image *img)
-{
-  uint64_t limit = MAX_DIRTY_L2_BYTES / img->header.cluster_size;
-
-  if (limit < MIN_DIRTY_L2_TABLES)
-    limit = MIN_DIRTY_L2_TABLES;
-  return img->dirty_l2.count > limit || img->rc.npending > MAX_PENDING_FREES;
-}
-
-static int flush_locked (struct qcow2_image *img, struct qcow2_io *io,
-                         bool flush_underneath);
 
 static int
 check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
@@ -362,7 +256,7 @@ change_range (struct qcow2_image *img, struct qcow2_io *io, enum op op,
     struct meta_table *t;
 
     if (op == OP_WRITE) {
-      r = l2_for_write (img, io, l1_index, true, &t);
+      r = qcow2_l2_for_write (img, io, l1_index, true, &t);
       if (r == 0)
         r = write_cluster (img, io, &run, t, index, gc,
                            buf + (pos - offset), pos - cstart, hi - pos);
@@ -371,7 +265,7 @@ change_range (struct qcow2_image *img, struct qcow2_io *io, enum op op,
       /* Zero and trim: a cluster without an L2 table reads as zeros,
        * unless a backing file shows through it.
        */
-      r = l2_for_write (img, io, l1_index, img->backing != NULL, &t);
+      r = qcow2_l2_for_write (img, io, l1_index, img->backing != NULL, &t);
       if (r == 0 && t) {
         uint64_t entry = be64 (t->data + index * 8);
         struct cluster_map map;
@@ -387,8 +281,8 @@ change_range (struct qcow2_image *img, struct qcow2_io *io, enum op op,
   r2 = run_flush (img, io, &run);
   if (r == 0)
     r = r2;
-  if (r == 0 && too_much_dirty (img))
-    r = flush_locked (img, io, false);
+  if (r == 0 && qcow2_too_much_dirty (img))
+    r = qcow2_writeback (img, io, false);
   return r;
 }
 
@@ -570,7 +464,7 @@ place_cluster (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t entry, new_entry;
   int r;
 
-  r = l2_for_write (img, io, l1_index, true, &t);
+  r = qcow2_l2_for_write (img, io, l1_index, true, &t);
   if (r < 0)
     return r;
   entry = be64 (t->data + index * 8);
@@ -646,8 +540,8 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
     for (i = 0; i < ctx->count && r == 0; ++i)
       if ((ctx->result[i] == 0) == (pass == 1))
         r = place_cluster (img, io, ctx, i, first_gc + i);
-  if (r == 0 && too_much_dirty (img))
-    r = flush_locked (img, io, false);
+  if (r == 0 && qcow2_too_much_dirty (img))
+    r = qcow2_writeback (img, io, false);
   pthread_rwlock_unlock (&img->lock);
   ctx->count = 0;
   return r;
@@ -769,7 +663,7 @@ qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
     pthread_rwlock_wrlock (&img->lock);
     r = change_range (img, io, OP_WRITE, buf, count, offset);
     if (r == 0 && fua)
-      r = flush_locked (img, io, true);
+      r = qcow2_writeback (img, io, true);
     pthread_rwlock_unlock (&img->lock);
   }
   if (r == 0)
@@ -833,7 +727,7 @@ qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
   if (r == 0)
     r = change_range (img, io, OP_ZERO, NULL, count, offset);
   if (r == 0 && fua)
-    r = flush_locked (img, io, true);
+    r = qcow2_writeback (img, io, true);
   pthread_rwlock_unlock (&img->lock);
   return r;
 }
@@ -849,155 +743,14 @@ qcow2_trim (struct qcow2_image *img, struct qcow2_io *io,
   pthread_rwlock_wrlock (&img->lock);
   r = change_range (img, io, OP_TRIM, NULL, count, offset);
   if (r == 0 && fua)
-    r = flush_locked (img, io, true);
+    r = qcow2_writeback (img, io, true);
   pthread_rwlock_unlock (&img->lock);
   return r;
 }
 
-struct l2_writeback {
-  struct qcow2_image *img;
-  struct qcow2_io *io;
-};
 
-static int
-write_l2 (void *opaque, struct meta_table *t)
-{
-  struct l2_writeback *ctx = opaque;
-  int r;
 
-  if (!t->dirty)
-    return 0;
-  r = qcow2_pwrite_logged (ctx->img, ctx->io, t->data,
-                           ctx->img->header.cluster_size, t->offset);
-  if (r == 0)
-    t->dirty = false;
-  return r;
-}
 
-/* Written L2 tables leave the dirty set for the shared read cache. */
-static int
-retire_l2 (struct qcow2_image *img)
-{
-  size_t i;
 
-  for (i = 0; i < img->dirty_l2.capacity; ) {
-    struct meta_table *t = img->dirty_l2.slots[i];
-    if (t && !t->dirty) {
-      qcow2_cache_put (img->l2_cache, t->offset, t->data);
-      free (tablemap_remove (&img->dirty_l2, t->offset));
-      continue;                 /* the removal may have moved another here */
-    }
-    i++;
-  }
-  return 0;
-}
 
-static int
-write_l1 (struct qcow2_image *img, struct qcow2_io *io)
-{
-  uint32_t i = 0, n = img->header.l1_size;
-  uint8_t *buf = img->wbuf;
-  uint64_t per_buf = img->header.cluster_size / 8;
-  int r;
 
-  while (i < n) {
-    uint32_t start, j;
-
-    if (!img->l1_dirty[i]) {
-      i++;
-      continue;
-    }
-    /* A run of dirty entries, at most a buffer's worth. */
-    start = i;
-    for (j = 0; i < n && img->l1_dirty[i] && j < per_buf; ++i, ++j)
-      put_be64 (buf + 8 * j, img->l1[i]);
-    r = qcow2_pwrite_logged (img, io, buf, 8 * (uint64_t) j,
-                             img->header.l1_table_offset + 8 * (uint64_t) start);
-    if (r < 0)
-      return r;
-    memset (img->l1_dirty + start, 0, j);
-  }
-  img->l1_any_dirty = false;
-  return 0;
-}
-
-static int writeback (struct qcow2_image *img, struct qcow2_io *io,
-                      bool flush_underneath, bool retire);
-
-static int
-flush_locked (struct qcow2_image *img, struct qcow2_io *io,
-              bool flush_underneath)
-{
-  return writeback (img, io, flush_underneath, true);
-}
-
-int
-qcow2_writeback_for_room (struct qcow2_image *img, struct qcow2_io *io)
-{
-  return writeback (img, io, false, false);
-}
-
-/* RETIRE: move written L2 tables to the read cache (freeing them); not
- * while a caller may be holding one.
- */
-static int
-writeback (struct qcow2_image *img, struct qcow2_io *io,
-           bool flush_underneath, bool retire)
-{
-  struct l2_writeback ctx = { .img = img, .io = io };
-  bool l2_dirty = img->dirty_l2.count > 0;
-  int r;
-
-  /* 1. Increments: refcount blocks, table, header. */
-  r = qcow2_refcount_writeback (img, io);
-  if (r < 0)
-    return r;
-
-  /* 2. L2 tables, then L1, each only after what it points at is durable. */
-  if (l2_dirty || img->l1_any_dirty) {
-    r = qcow2_flush_logged (img, io);
-    if (r < 0)
-      return r;
-    r = tablemap_each (&img->dirty_l2, write_l2, &ctx);
-    if (r < 0)
-      return r;
-    if (retire)
-      retire_l2 (img);
-    if (img->l1_any_dirty) {
-      r = qcow2_flush_logged (img, io);
-      if (r == 0)
-        r = write_l1 (img, io);
-      if (r < 0)
-        return r;
-    }
-  }
-
-  /* 3. Decrements, now that nothing on disk points at those clusters. */
-  if (img->rc.npending) {
-    r = qcow2_flush_logged (img, io);
-    if (r == 0)
-      r = qcow2_refcount_apply_frees (img, io);
-    if (r == 0)
-      r = qcow2_refcount_writeback (img, io);
-    if (r < 0)
-      return r;
-    flush_underneath = true;
-  }
-
-  if (flush_underneath)
-    r = qcow2_flush_logged (img, io);
-  return r;
-}
-
-int
-qcow2_flush (struct qcow2_image *img, struct qcow2_io *io)
-{
-  int r;
-
-  if (!img->opts.writable)
-    return 0;
-  pthread_rwlock_wrlock (&img->lock);
-  r = flush_locked (img, io, true);
-  pthread_rwlock_unlock (&img->lock);
-  return r;
-}
