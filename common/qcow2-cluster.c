@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "qcow2-cluster.h"
+#include "qcow2-alloc.h"
 #include "qcow2-codec.h"
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
@@ -127,7 +128,7 @@ write_cluster (struct qcow2_image *img, struct qcow2_io *io,
                                         map.host_offset + part_off);
   }
 
-  r = qcow2_alloc_clusters (img, io, 1, &new_offset);
+  r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &new_offset);
   if (r < 0)
     return r;
   if (len == cluster_size && src)

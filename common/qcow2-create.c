@@ -182,7 +182,7 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
     goto out;
   pthread_rwlock_wrlock (&img->lock);
   for (pos = 0; pos < meta_clusters && r == 0; ++pos)
-    r = qcow2_refcount_add (img, io, pos, 1);
+    r = qcow2_alloc_reference (img, io, pos);
   pthread_rwlock_unlock (&img->lock);
   if (r == 0)
     r = qcow2_flush (img, io);

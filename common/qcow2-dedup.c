@@ -214,10 +214,10 @@ qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
     return 0;
 
   for (c = first; c <= last; ++c) {
-    r = qcow2_refcount_add (img, io, c, 1);
+    r = qcow2_refcount_add (img, io, c, 1, NULL);
     if (r < 0) {
       while (c-- > first)
-        qcow2_refcount_add (img, io, c, -1);
+        qcow2_refcount_add (img, io, c, -1, NULL);
       return r;
     }
   }

@@ -66,6 +66,7 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
   r = qcow2_refcount_load (img, io);
   if (r < 0)
     return r;
+  qcow2_alloc_init (img);
   img->l1_dirty = calloc (h->l1_size ? h->l1_size : 1, 1);
   img->wbuf = malloc (h->cluster_size);
   img->wcompressed = malloc (2 * (size_t) h->cluster_size);
@@ -242,6 +243,7 @@ qcow2_image_close (struct qcow2_image *img)
   qcow2_cache_free (img->cluster_cache);
   qcow2_backing_close (img);
   qcow2_refcount_free (img);
+  qcow2_alloc_free (img);
   tablemap_clear (&img->dirty_l2);
   free (img->l1_dirty);
   free (img->wbuf);

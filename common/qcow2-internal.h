@@ -14,6 +14,8 @@
 #include "qcow2-backing.h"
 #include "qcow2-conn.h"
 #include "qcow2-writeback.h"
+#include "qcow2-refcount.h"
+#include "qcow2-alloc.h"
 #include "qcow2-tablemap.h"
 #include "qcow2-types.h"
 #include <pthread.h>
@@ -44,46 +46,5 @@ void qcow2_dedup_remember (struct qcow2_image *img, uint64_t hash,
 int qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
                        uint64_t guest_cluster, uint64_t entry,
                        const uint8_t *src, uint32_t src_len);
-
-/* Allocate host cluster INDEX if it is free; -EBUSY if it is not. */
-int qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
-                            uint64_t index);
-/* A fresh host cluster to pack compressed data into, outside the window
- * of clusters set apart for plain data.
- */
-int qcow2_alloc_pack_cluster (struct qcow2_image *img, struct qcow2_io *io,
-                              uint64_t *offset);
-/* The host cluster that compressed data packed up to pack_cursor runs on
- * into next, or UINT64_MAX when nothing is being packed.
- */
-uint64_t qcow2_pack_next_cluster (const struct qcow2_image *img);
-/* Stop packing compressed data after pack_cursor; the host cluster kept
- * free for it goes back to the allocator.
- */
-void qcow2_pack_reset (struct qcow2_image *img);
-
-/* Refcounts (qcow2-refcount.c); all with img->lock held exclusively. */
-int qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io);
-void qcow2_refcount_free (struct qcow2_image *img);
-int qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
-                        uint64_t cluster, uint64_t *refcount);
-int qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
-                        uint64_t cluster, int delta);
-/* Allocate COUNT contiguous clusters with refcount 1; *OFFSET gets the
- * first one's host offset.  -ENOSPC after logging if the file is full.
- */
-int qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
-                          uint64_t count, uint64_t *offset);
-/* Queue a release of [OFFSET, OFFSET+LENGTH) for after the next metadata
- * writeback.
- */
-int qcow2_free_later (struct qcow2_image *img, uint64_t offset,
-                      uint64_t length, uint64_t cache_key);
-/* Write dirty refcount blocks, then the table (and the header if the
- * table moved), with flushes in between.
- */
-int qcow2_refcount_writeback (struct qcow2_image *img, struct qcow2_io *io);
-/* Apply the queued releases to the refcounts in memory. */
-int qcow2_refcount_apply_frees (struct qcow2_image *img, struct qcow2_io *io);
 
 #endif /* QCOW2_INTERNAL_H */

@@ -47,7 +47,9 @@ struct pending_free {
   uint64_t cache_key;         /* cluster cache key to drop, or 0 */
 };
 
-/* Refcount state, loaded when the image is opened for writing. */
+/* The refcounts in memory, loaded when the image is opened for writing
+ * (written by qcow2-refcount.c; the allocator reads the geometry).
+ */
 struct refcounts {
   uint64_t *table;            /* host order */
   uint64_t table_entries;
@@ -59,17 +61,19 @@ struct refcounts {
   unsigned width_order;       /* refcount_order */
   unsigned block_bits;        /* log2 of refcounts per block */
   uint64_t max_refcount;
+};
+
+/* Where the next clusters come from, and what waits to be released
+ * (written by qcow2-alloc.c).
+ */
+struct allocator {
   uint64_t host_clusters;     /* clusters that fit in the file */
   uint64_t free_hint;         /* no free cluster below this index */
-  bool no_reclaim;            /* allocation may not write metadata back */
+  uint64_t pack_cursor;       /* next free byte for compressed data, or 0 */
   /* While compressed data is being packed, single clusters for plain
-   * data and tables come from a window of free clusters set apart, so
-   * that they interrupt the packing once per window instead of once per
-   * cluster (each interruption leaves part of a host cluster unused).
+   * data and tables come from this window of free clusters set apart.
    */
   uint64_t window_next, window_end;
-  bool in_window;             /* allocating from the window: no nesting */
-  bool for_pack;              /* allocating a host cluster to pack into */
   struct pending_free *pending;
   size_t npending, pending_cap;
 };
@@ -95,13 +99,17 @@ struct qcow2_image {
    */
   pthread_rwlock_t lock;
 
-  /* Write state (opts.writable). */
+  /* Write state (opts.writable), all under the lock held exclusively. */
   struct refcounts rc;
-  struct tablemap dirty_l2;   /* changed L2 tables not yet on disk */
+  struct allocator alloc;
+  /* The changed L2 tables not yet on disk, and the changed L1 entries
+   * (written by qcow2-writeback.c; the map and the allocator read them).
+   */
+  struct tablemap dirty_l2;
   uint8_t *l1_dirty;          /* per L1 entry: changed since written */
   bool l1_any_dirty;
-  uint64_t pack_cursor;       /* next free byte for compressed data, or 0 */
-  uint8_t *wbuf;              /* one cluster of scratch for writers */
+  /* Scratch for whoever holds the lock exclusively. */
+  uint8_t *wbuf;              /* one cluster */
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
 

@@ -32,91 +32,6 @@ check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
   return 0;
 }
 
-/* Put LEN bytes of one cluster's compressed data into the packing area,
- * back to back with the previous cluster's as qemu packs them: into the
- * rest of the current host cluster, running on into the next host cluster
- * if that one can be allocated right after it, else into a new one.
- * Every host cluster the sector-rounded range touches gets one more
- * reference (a newly allocated one already has its first).
- */
-static int
-pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
-                 const uint8_t *data, uint64_t len, uint64_t *host)
-{
-  const uint32_t bits = img->header.cluster_bits;
-  const uint64_t cluster_size = img->header.cluster_size;
-  uint64_t cur = img->pack_cursor;
-  uint64_t fresh[2], c, first, last, offset;
-  unsigned nfresh = 0, i;
-  int r;
-
-  if (cur) {
-    /* With narrow refcounts (refcount_bits 1 to 4) a host cluster can
-     * run out of references before it runs out of bytes; start a new
-     * one then, as qemu does.  Only the cluster packed so far can be
-     * full: any other that the range runs into is allocated here.
-     */
-    uint64_t refcount;
-    r = qcow2_refcount_get (img, io, (cur & ~UINT64_C (511)) >> bits,
-                            &refcount);
-    if (r < 0)
-      return r;
-    if (refcount >= img->rc.max_refcount) {
-      qcow2_pack_reset (img);
-      cur = 0;
-    }
-  }
-  if (cur) {
-    uint64_t next = qcow2_pack_next_cluster (img);
-    if (cur + len > next << bits) {
-      /* No writeback here: it could release the cluster CUR is in. */
-      img->rc.no_reclaim = true;
-      r = qcow2_alloc_cluster_at (img, io, next);
-      img->rc.no_reclaim = false;
-      if (r == -EBUSY)
-        cur = 0;
-      else if (r < 0)
-        return r;
-      else
-        fresh[nfresh++] = next;
-    }
-  }
-  if (cur == 0) {
-    r = qcow2_alloc_pack_cluster (img, io, &offset);
-    if (r < 0)
-      return r;
-    cur = offset;
-    fresh[nfresh++] = offset >> bits;
-  }
-  if (cur > img->coffset_mask) {
-    qcow2_error (img, "host offset 0x%" PRIx64 " is too large for a "
-                 "compressed cluster descriptor", cur);
-    r = -EFBIG;
-    goto fail;
-  }
-
-  first = (cur & ~UINT64_C (511)) >> bits;
-  last = ((cur + len - 1) | 511) >> bits;
-  for (c = first; c <= last; ++c) {
-    bool is_fresh = false;
-    for (i = 0; i < nfresh; ++i)
-      is_fresh |= fresh[i] == c;
-    if (!is_fresh && (r = qcow2_refcount_add (img, io, c, 1)) < 0)
-      goto fail;
-  }
-  r = qcow2_pwrite_logged (img, io, data, len, cur);
-  if (r < 0)
-    goto fail;
-  *host = cur;
-  img->pack_cursor = cur + len;
-  return 0;
-
- fail:
-  for (i = 0; i < nfresh; ++i)
-    qcow2_free_later (img, fresh[i] << bits, cluster_size, 0);
-  qcow2_pack_reset (img);
-  return r;
-}
 
 /* Compress a cluster whose shared copy turned out to be gone or different
  * (under the lock: rare).  Returns what compress_job would have stored in
@@ -178,7 +93,7 @@ store_compressed (struct qcow2_image *img, struct qcow2_io *io,
       return 0;
     }
   }
-  r = pack_compressed (img, io,
+  r = qcow2_pack_compressed (img, io,
                        ctx->out + i * (size_t) img->header.cluster_size,
                        len, &host);
   if (r < 0)

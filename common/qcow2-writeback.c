@@ -14,11 +14,12 @@
 #include <string.h>
 
 #include "qcow2-writeback.h"
+#include "qcow2-alloc.h"
 #include "qcow2-cache.h"
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
-#include "qcow2-internal.h"
+#include "qcow2-refcount.h"
 
 /* Write back before this much changed metadata piles up in memory. */
 #define MAX_DIRTY_L2_BYTES (UINT64_C (16) << 20)
@@ -39,7 +40,7 @@ qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
   if (offset == 0) {
     if (!create)
       return 0;
-    r = qcow2_alloc_clusters (img, io, 1, &offset);
+    r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &offset);
     if (r < 0)
       return r;
     t = calloc (1, sizeof *t + h->cluster_size);
@@ -107,7 +108,7 @@ qcow2_too_much_dirty (struct qcow2_image *img)
 
   if (limit < MIN_DIRTY_L2_TABLES)
     limit = MIN_DIRTY_L2_TABLES;
-  return img->dirty_l2.count > limit || img->rc.npending > MAX_PENDING_FREES;
+  return img->dirty_l2.count > limit || qcow2_pending_frees (img) > MAX_PENDING_FREES;
 }
 
 struct l2_writeback {
@@ -213,10 +214,10 @@ writeback (struct qcow2_image *img, struct qcow2_io *io,
   }
 
   /* 3. Decrements, now that nothing on disk points at those clusters. */
-  if (img->rc.npending) {
+  if (qcow2_pending_frees (img)) {
     r = qcow2_flush_logged (img, io);
     if (r == 0)
-      r = qcow2_refcount_apply_frees (img, io);
+      r = qcow2_apply_frees (img, io);
     if (r == 0)
       r = qcow2_refcount_writeback (img, io);
     if (r < 0)
