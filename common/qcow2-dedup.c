@@ -1,18 +1,5 @@
 /* qcow2zstd engine: sharing one compressed cluster between guest clusters
- * with the same data.
- *
- * qcow2 lets several L2 entries describe the same compressed range, each
- * counted once in every host cluster the range touches (as snapshots
- * do); qemu reads such an image, writes to it (a compressed cluster is
- * never overwritten in place) and checks it clean.  Copying a disk in,
- * the second and later copies of a cluster then cost a hash and a
- * decompression instead of a compression, and take no space.
- *
- * The table maps a hash of a cluster's data to the L2 entry it was last
- * stored under.  It is only a hint: before an entry is reused, under the
- * image lock, the range is read back, decompressed and compared with the
- * new data, and its refcounts are checked, so a hash collision or a
- * range freed and reused since costs time, never data.
+ * with the same data (see qcow2-dedup.h).
  */
 
 #include <config.h>
@@ -21,8 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-dedup.h"
 #include "qcow2-codec.h"
+#include "qcow2-hostio.h"
+#include "qcow2-map.h"
+#include "qcow2-refcount.h"
 
 struct dedup_slot {
   uint64_t hash;

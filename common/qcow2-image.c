@@ -249,8 +249,7 @@ qcow2_image_close (struct qcow2_image *img)
   free (img->wbuf);
   free (img->wcompressed);
   qcow2_decoder_free (img->wdecoder);
-  qcow2_pool_free (img->compressors);
-  qcow2_encoder_free (img->wencoder);
+  qcow2_compress_free (img);
   qcow2_dedup_free (img);
   free (img->l1);
   pthread_mutex_destroy (&img->compressors_lock);

@@ -33,143 +33,7 @@ check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
 }
 
 
-/* Compress a cluster whose shared copy turned out to be gone or different
- * (under the lock: rare).  Returns what compress_job would have stored in
- * result: the length in OUT, or 0 to store it plain.
- */
-static int64_t
-compress_locked (struct qcow2_image *img, const uint8_t *src,
-                 uint32_t src_len, uint8_t *out)
-{
-  const uint32_t cluster_size = img->header.cluster_size;
-  const uint8_t *in = src;
-  char err[256];
-  int64_t len;
 
-  if (img->wencoder == NULL) {
-    img->wencoder = qcow2_encoder_new ();
-    if (img->wencoder == NULL) {
-      qcow2_error (img, "out of memory for compressing a write");
-      return -ENOMEM;
-    }
-  }
-  if (src_len < cluster_size) {
-    memcpy (img->wbuf, src, src_len);
-    memset (img->wbuf + src_len, 0, cluster_size - src_len);
-    in = img->wbuf;
-  }
-  len = qcow2_encode_cluster (img->wencoder, img->header.compression_type,
-                              img->opts.compression_level, in, cluster_size,
-                              out, cluster_size - 1, err, sizeof err);
-  if (len < 0) {
-    qcow2_error (img, "%s", err);
-    return -EIO;
-  }
-  return len;
-}
-
-/* Pack LEN bytes of compressed data of cluster I of CTX (guest cluster
- * GC), and set *NEW_ENTRY to describe them.  If MAY_SHARE, first look
- * for a copy of the same data that another write placed while this one
- * was being compressed (or that came earlier in the same batch), and
- * share it instead.
- */
-static int
-store_compressed (struct qcow2_image *img, struct qcow2_io *io,
-                  struct compress_ctx *ctx, size_t i, uint64_t gc,
-                  int64_t len, bool may_share, uint64_t *new_entry)
-{
-  const bool whole = ctx->src_len[i] == img->header.cluster_size;
-  uint64_t copy, host;
-  int r;
-
-  if (may_share && whole &&
-      (copy = qcow2_dedup_find (img, ctx->hash[i])) != 0) {
-    r = qcow2_dedup_share (img, io, gc, copy, ctx->src[i], ctx->src_len[i]);
-    if (r < 0)
-      return r;
-    if (r == 1) {
-      *new_entry = copy;
-      return 0;
-    }
-  }
-  r = qcow2_pack_compressed (img, io,
-                       ctx->out + i * (size_t) img->header.cluster_size,
-                       len, &host);
-  if (r < 0)
-    return r;
-  *new_entry = L2E_COMPRESSED | host |
-    ((((host + len - 1) >> 9) - (host >> 9)) << img->csize_shift);
-  if (whole)
-    qcow2_dedup_remember (img, ctx->hash[i], *new_entry);
-  return 0;
-}
-
-/* Store the compression result of cluster I of CTX, guest cluster GC:
- * its compressed data, its shared copy, its plain data or nothing (all
- * zero).
- */
-static int
-place_cluster (struct qcow2_image *img, struct qcow2_io *io,
-               struct compress_ctx *ctx, size_t i, uint64_t gc)
-{
-  uint64_t l1_index = gc >> img->header.l2_bits;
-  uint64_t index = gc & ((UINT64_C (1) << img->header.l2_bits) - 1);
-  const uint8_t *src = ctx->src[i];
-  const uint32_t src_len = ctx->src_len[i];
-  uint8_t *cdata = ctx->out + i * (size_t) img->header.cluster_size;
-  int64_t result = ctx->result[i];
-  struct meta_table *t;
-  struct cluster_map map;
-  uint64_t entry, new_entry;
-  int r;
-
-  r = qcow2_l2_for_write (img, io, l1_index, true, &t);
-  if (r < 0)
-    return r;
-  entry = be64 (t->data + index * 8);
-  r = qcow2_classify (img, gc, entry, &map);
-  if (r < 0)
-    return r;
-  if (result == QCOW2_COMPRESS_DUPLICATE) {
-    r = qcow2_dedup_share (img, io, gc, ctx->dedup[i], src, src_len);
-    if (r < 0)
-      return r;
-    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "guest cluster %" PRIu64 ": %s "
-                    "compressed entry 0x%" PRIx64, gc,
-                    r ? "shares" : "cannot share", ctx->dedup[i]);
-    if (r == 0) {
-      result = compress_locked (img, src, src_len, cdata);
-      if (result < 0)
-        return result;
-    }
-  }
-  if (result == 0)
-    return qcow2_write_cluster (img, io, t, index, gc, src, 0, src_len);
-
-  if (result == QCOW2_COMPRESS_ALL_ZERO) {
-    /* What already reads as zeros stays as it is (an unallocated cluster
-     * of a new image, as qemu-img convert leaves it).
-     */
-    if (qcow2_reads_as_zeros (img, &map))
-      return 0;
-    if (img->header.version < 3 && img->backing)
-      return qcow2_write_cluster (img, io, t, index, gc, src, 0, src_len);
-    new_entry = img->header.version >= 3 ? L2E_ZERO : 0;
-  }
-  else if (result == QCOW2_COMPRESS_DUPLICATE)
-    new_entry = ctx->dedup[i];
-  else {
-    r = store_compressed (img, io, ctx, i, gc, result,
-                          ctx->result[i] != QCOW2_COMPRESS_DUPLICATE,
-                          &new_entry);
-    if (r < 0)
-      return r;
-  }
-  put_be64 (t->data + index * 8, new_entry);
-  t->dirty = true;
-  return qcow2_release (img, &map);
-}
 
 /* Compress the batch outside the lock, then place it under the lock. */
 static int
@@ -177,8 +41,7 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
                       uint64_t first_gc)
 {
   struct qcow2_image *img = ctx->img;
-  size_t i;
-  int pass, r;
+  int r;
 
   if (ctx->count == 0)
     return 0;
@@ -186,14 +49,7 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
   if (r < 0)
     return r;
   pthread_rwlock_wrlock (&img->lock);
-  /* Compressed clusters first, plain ones after: a plain cluster placed
-   * in between would take the host cluster that the packed data was to
-   * run on into, and leave the rest of the current one unused.
-   */
-  for (pass = 0; pass < 2; ++pass)
-    for (i = 0; i < ctx->count && r == 0; ++i)
-      if ((ctx->result[i] == 0) == (pass == 1))
-        r = place_cluster (img, io, ctx, i, first_gc + i);
+  r = qcow2_compress_place (img, io, ctx, first_gc);
   if (r == 0 && qcow2_too_much_dirty (img))
     r = qcow2_writeback (img, io, false);
   pthread_rwlock_unlock (&img->lock);
