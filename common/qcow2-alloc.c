@@ -10,7 +10,6 @@
 #include "qcow2-cache.h"
 #include "qcow2-hostio.h"
 #include "qcow2-refcount.h"
-#include "qcow2-writeback.h"
 
 /* Clusters set apart at a time for plain data while packing. */
 #define WINDOW_CLUSTERS 32
@@ -284,7 +283,7 @@ int
 qcow2_alloc_reference (struct qcow2_image *img, struct qcow2_io *io,
                        uint64_t cluster)
 {
-  int r = ensure_block (img, io, cluster, QCOW2_ALLOC_ANY);
+  int r = ensure_block (img, io, cluster, QCOW2_ALLOC_NO_RECLAIM);
 
   return r ? r : qcow2_refcount_add (img, io, cluster, 1, NULL);
 }
@@ -332,6 +331,8 @@ alloc_from_window (struct qcow2_image *img, struct qcow2_io *io,
         *offset = cluster << img->header.cluster_bits;
         return 0;
       }
+      if (r == QCOW2_RECLAIM)
+        a->window_next--;       /* the retry takes it */
       if (r != -EBUSY)
         return r;
     }
@@ -353,7 +354,6 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
                       uint64_t count, unsigned mode, uint64_t *offset)
 {
   struct allocator *a = &img->alloc;
-  bool reclaimed = false;
   uint64_t first, i;
   int r;
 
@@ -379,15 +379,12 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
     }
     if (first == UINT64_MAX) {
       /* Released clusters wait for a metadata writeback before they may
-       * be reused.  Out of room, do that writeback now rather than fail.
+       * be reused: out of room, the caller does that writeback now
+       * rather than fail.
        */
-      if (reclaimed || a->npending == 0 || (mode & QCOW2_ALLOC_NO_RECLAIM))
+      if (a->npending == 0 || (mode & QCOW2_ALLOC_NO_RECLAIM))
         return no_room (img, count);
-      reclaimed = true;
-      r = qcow2_writeback_for_room (img, io);
-      if (r < 0)
-        return r;
-      continue;
+      return QCOW2_RECLAIM;
     }
 
     /* Make the refcount blocks first: making one takes a cluster, maybe

@@ -13,16 +13,17 @@
  * so that they interrupt the packing once per window instead of once per
  * cluster (each interruption leaves part of a host cluster unused).
  *
- * When the file is full but released clusters wait for a writeback, the
- * allocator runs that writeback to apply them (but for
- * QCOW2_ALLOC_NO_RECLAIM).
+ * The allocator never writes metadata back.  When the file is full but
+ * released clusters wait for a writeback, it answers QCOW2_RECLAIM: the
+ * caller (the write entry) then runs qcow2_writeback, which applies the
+ * releases, and tries again.
  *
  * Offers: qcow2_alloc_clusters, qcow2_alloc_reference,
  * qcow2_pack_compressed, qcow2_free_later, qcow2_apply_frees,
  * qcow2_pending_frees.
  * Locks: every call with the image lock held exclusively.
  * Needs: the refcounts, host I/O, the cluster cache (released compressed
- * clusters leave it), the writeback (to reclaim room).
+ * clusters leave it).
  */
 #ifndef QCOW2_ALLOC_H
 #define QCOW2_ALLOC_H
@@ -31,6 +32,12 @@
 #include <stdint.h>
 
 #include "qcow2-types.h"
+
+/* Not an errno: the file is full, but clusters released since the last
+ * writeback will make room once it applies them.  Never returned with
+ * QCOW2_ALLOC_NO_RECLAIM, and never out of the engine's public calls.
+ */
+#define QCOW2_RECLAIM (-0x10000)
 
 /* How to allocate: flags, QCOW2_ALLOC_ANY for none.  An allocation made
  * on the way (a refcount block, a bigger refcount table) keeps the flags.
@@ -41,9 +48,9 @@ enum {
   QCOW2_ALLOC_PACK = 1,
   /* Not from the window: the allocation is part of filling it. */
   QCOW2_ALLOC_NO_WINDOW = 2,
-  /* Fail with -ENOSPC rather than write back to reclaim room, when a
-   * writeback may not run now: the refcount table in memory has outgrown
-   * its clusters on disk, or a release could free the host cluster being
+  /* Fail with -ENOSPC rather than answer QCOW2_RECLAIM, when a writeback
+   * may not run now: the refcount table in memory has outgrown its
+   * clusters on disk, or a release could free the host cluster being
    * packed into.
    */
   QCOW2_ALLOC_NO_RECLAIM = 4,
@@ -56,15 +63,17 @@ void qcow2_alloc_init (struct qcow2_image *img);
 void qcow2_alloc_free (struct qcow2_image *img);
 
 /* Allocate COUNT contiguous host clusters with refcount 1 (MODE: the
- * flags above); *OFFSET gets the first one's host offset.  0, -ENOSPC
- * after logging how much room is missing, or another -errno after
- * logging.
+ * flags above); *OFFSET gets the first one's host offset.  0,
+ * QCOW2_RECLAIM (nothing changed that matters: try again after a
+ * writeback), -ENOSPC after logging how much room is missing, or another
+ * -errno after logging.
  */
 int qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
                           uint64_t count, unsigned mode, uint64_t *offset);
 
 /* Count one more reference to host cluster CLUSTER, making its refcount
- * block if there is none (a new image counting its own metadata).
+ * block if there is none (a new image counting its own metadata; it has
+ * nothing to reclaim: -ENOSPC if the block finds no room).
  */
 int qcow2_alloc_reference (struct qcow2_image *img, struct qcow2_io *io,
                            uint64_t cluster);
@@ -74,7 +83,7 @@ int qcow2_alloc_reference (struct qcow2_image *img, struct qcow2_io *io,
  * on into the next host cluster if that one can be allocated right after
  * it, else into a new one.  Every host cluster the sector-rounded range
  * touches gets one more reference.  *HOST gets the data's host offset.
- * 0, or -errno after logging.
+ * 0, QCOW2_RECLAIM, or -errno after logging.
  */
 int qcow2_pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
                            const uint8_t *data, uint64_t len, uint64_t *host);

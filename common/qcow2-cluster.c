@@ -185,7 +185,7 @@ zero_cluster (struct qcow2_image *img, struct qcow2_io *io,
 int
 qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
                     enum qcow2_op op, const uint8_t *buf, uint64_t count,
-                    uint64_t offset)
+                    uint64_t offset, uint64_t *done)
 {
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t cluster_size = img->header.cluster_size;
@@ -229,10 +229,13 @@ qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
                             pos - cstart, hi - pos);
       }
     }
-    pos = hi;
+    if (r == 0)
+      pos = hi;
   }
+  *done = pos - offset;
+  /* Before a reclaim too: the L2 entries of the run point at its data. */
   r2 = run_flush (img, io, &run);
-  if (r == 0)
+  if (r2 < 0 && (r == 0 || r == QCOW2_RECLAIM))
     r = r2;
   if (r == 0 && qcow2_too_much_dirty (img))
     r = qcow2_writeback (img, io, false);

@@ -27,16 +27,19 @@ enum qcow2_op { QCOW2_OP_WRITE, QCOW2_OP_ZERO, QCOW2_OP_TRIM };
  * it held), unallocated on v2 without a backing file, and is written with
  * zeros on v2 with one; part of a cluster is written with zeros when
  * zeroing and left alone when trimming.  Writes the metadata back if too
- * much has piled up.  0, or -errno after logging.
+ * much has piled up.  0, or -errno after logging, or QCOW2_RECLAIM: the
+ * first *DONE bytes are changed (and their data written), the rest not;
+ * write back and change the rest.
  */
 int qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
                         enum qcow2_op op, const uint8_t *buf, uint64_t count,
-                        uint64_t offset);
+                        uint64_t offset, uint64_t *done);
 
 /* Write SRC (LEN bytes) at PART_OFF inside guest cluster GUEST_CLUSTER,
  * whose L2 entry is at INDEX in table T (from qcow2_l2_for_write), at
  * once: in place if the image alone owns it, else into a new cluster
- * with the old content around it.  0, or -errno after logging.
+ * with the old content around it.  0, QCOW2_RECLAIM (nothing changed),
+ * or -errno after logging.
  */
 int qcow2_write_cluster (struct qcow2_image *img, struct qcow2_io *io,
                          struct meta_table *t, uint64_t index,

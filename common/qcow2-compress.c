@@ -334,18 +334,25 @@ place_cluster (struct qcow2_image *img, struct qcow2_io *io,
 
 int
 qcow2_compress_place (struct qcow2_image *img, struct qcow2_io *io,
-                      struct compress_ctx *ctx, uint64_t first_gc)
+                      struct compress_ctx *ctx, uint64_t first_gc,
+                      size_t *step)
 {
-  size_t i;
-  int pass, r = 0;
+  int r;
 
   /* Compressed clusters first, plain ones after: a plain cluster placed
    * in between would take the host cluster that the packed data was to
-   * run on into, and leave the rest of the current one unused.
+   * run on into, and leave the rest of the current one unused.  Steps
+   * [0, count) are the first pass, [count, 2 * count) the second.
    */
-  for (pass = 0; pass < 2; ++pass)
-    for (i = 0; i < ctx->count && r == 0; ++i)
-      if ((ctx->result[i] == 0) == (pass == 1))
-        r = place_cluster (img, io, ctx, i, first_gc + i);
-  return r;
+  for (; *step < 2 * ctx->count; ++*step) {
+    size_t i = *step % ctx->count;
+    bool plain_pass = *step >= ctx->count;
+
+    if ((ctx->result[i] == 0) == plain_pass) {
+      r = place_cluster (img, io, ctx, i, first_gc + i);
+      if (r < 0)
+        return r;
+    }
+  }
+  return 0;
 }

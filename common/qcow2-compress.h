@@ -18,6 +18,7 @@
 #ifndef QCOW2_COMPRESS_H
 #define QCOW2_COMPRESS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,11 +34,14 @@ size_t qcow2_compress_batch_max (const struct qcow2_image *img);
 int qcow2_compress_run (struct compress_ctx *ctx);
 
 /* Store the results of CTX, whose clusters are guest clusters FIRST_GC
- * on: the compressed ones first, then those stored plain.  0, or -errno
- * after logging.
+ * on: the compressed ones first, then those stored plain, from *STEP on
+ * (0 the first time).  0, or -errno after logging, or QCOW2_RECLAIM: the
+ * steps before *STEP are done, the one at *STEP is not; write back and
+ * call again.
  */
 int qcow2_compress_place (struct qcow2_image *img, struct qcow2_io *io,
-                          struct compress_ctx *ctx, uint64_t first_gc);
+                          struct compress_ctx *ctx, uint64_t first_gc,
+                          size_t *step);
 
 /* Stop the compressor threads and free what compressing kept. */
 void qcow2_compress_free (struct qcow2_image *img);

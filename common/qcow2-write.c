@@ -10,10 +10,47 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-alloc.h"
 #include "qcow2-cluster.h"
-#include "qcow2-codec.h"
-#include "qcow2-endian.h"
+#include "qcow2-compress.h"
+#include "qcow2-conn.h"
+#include "qcow2-dedup.h"
+#include "qcow2-hostio.h"
+#include "qcow2-writeback.h"
+
+/* The allocator answered QCOW2_RECLAIM: the file is full, but clusters
+ * released since the last writeback wait for it before they may be
+ * reused.  The writeback applies those releases; the caller then goes on
+ * from where it stopped, holding no L2 table from before.
+ */
+static int
+reclaim (struct qcow2_image *img, struct qcow2_io *io)
+{
+  return qcow2_writeback (img, io, false);
+}
+
+/* qcow2_change_range over the whole range, reclaiming room as often as
+ * the allocator asks for it.  Each reclaim applies at least one release
+ * and the allocator asks again only once new ones are queued, which
+ * takes progress, so this ends.
+ */
+static int
+change (struct qcow2_image *img, struct qcow2_io *io, enum qcow2_op op,
+        const uint8_t *buf, uint64_t count, uint64_t offset)
+{
+  uint64_t done;
+  int r;
+
+  for (;;) {
+    r = qcow2_change_range (img, io, op, buf, count, offset, &done);
+    if (r != QCOW2_RECLAIM || (r = reclaim (img, io)) < 0)
+      return r;
+    if (buf)
+      buf += done;
+    count -= done;
+    offset += done;
+  }
+}
 
 static int
 check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
@@ -41,6 +78,7 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
                       uint64_t first_gc)
 {
   struct qcow2_image *img = ctx->img;
+  size_t step = 0;
   int r;
 
   if (ctx->count == 0)
@@ -49,7 +87,9 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
   if (r < 0)
     return r;
   pthread_rwlock_wrlock (&img->lock);
-  r = qcow2_compress_place (img, io, ctx, first_gc);
+  do
+    r = qcow2_compress_place (img, io, ctx, first_gc, &step);
+  while (r == QCOW2_RECLAIM && (r = reclaim (img, io)) == 0);
   if (r == 0 && qcow2_too_much_dirty (img))
     r = qcow2_writeback (img, io, false);
   pthread_rwlock_unlock (&img->lock);
@@ -114,8 +154,7 @@ write_compressed (struct qcow2_conn *conn, struct qcow2_io *io,
     if (r < 0)
       break;
     pthread_rwlock_wrlock (&img->lock);
-    r = qcow2_change_range (img, io, QCOW2_OP_WRITE, buf + (pos - offset),
-                            hi - pos, pos);
+    r = change (img, io, QCOW2_OP_WRITE, buf + (pos - offset), hi - pos, pos);
     pthread_rwlock_unlock (&img->lock);
     pos = hi;
   }
@@ -172,7 +211,7 @@ qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
   }
   else {
     pthread_rwlock_wrlock (&img->lock);
-    r = qcow2_change_range (img, io, QCOW2_OP_WRITE, buf, count, offset);
+    r = change (img, io, QCOW2_OP_WRITE, buf, count, offset);
     if (r == 0 && fua)
       r = qcow2_writeback (img, io, true);
     pthread_rwlock_unlock (&img->lock);
@@ -198,7 +237,7 @@ qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
       r = -ENOTSUP;
   }
   if (r == 0)
-    r = qcow2_change_range (img, io, QCOW2_OP_ZERO, NULL, count, offset);
+    r = change (img, io, QCOW2_OP_ZERO, NULL, count, offset);
   if (r == 0 && fua)
     r = qcow2_writeback (img, io, true);
   pthread_rwlock_unlock (&img->lock);
@@ -214,7 +253,7 @@ qcow2_trim (struct qcow2_image *img, struct qcow2_io *io,
   if (r < 0 || count == 0)
     return r;
   pthread_rwlock_wrlock (&img->lock);
-  r = qcow2_change_range (img, io, QCOW2_OP_TRIM, NULL, count, offset);
+  r = change (img, io, QCOW2_OP_TRIM, NULL, count, offset);
   if (r == 0 && fua)
     r = qcow2_writeback (img, io, true);
   pthread_rwlock_unlock (&img->lock);

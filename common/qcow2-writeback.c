@@ -178,12 +178,9 @@ write_l1 (struct qcow2_image *img, struct qcow2_io *io)
   return 0;
 }
 
-/* RETIRE: move written L2 tables to the read cache (freeing them); not
- * while a caller may be holding one.
- */
-static int
-writeback (struct qcow2_image *img, struct qcow2_io *io,
-           bool flush_underneath, bool retire)
+int
+qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
+                 bool flush_underneath)
 {
   struct l2_writeback ctx = { .img = img, .io = io };
   bool l2_dirty = img->dirty_l2.count > 0;
@@ -202,8 +199,7 @@ writeback (struct qcow2_image *img, struct qcow2_io *io,
     r = tablemap_each (&img->dirty_l2, write_l2, &ctx);
     if (r < 0)
       return r;
-    if (retire)
-      retire_l2 (img);
+    retire_l2 (img);
     if (img->l1_any_dirty) {
       r = qcow2_flush_logged (img, io);
       if (r == 0)
@@ -228,19 +224,6 @@ writeback (struct qcow2_image *img, struct qcow2_io *io,
   if (flush_underneath)
     r = qcow2_flush_logged (img, io);
   return r;
-}
-
-int
-qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
-                 bool flush_underneath)
-{
-  return writeback (img, io, flush_underneath, true);
-}
-
-int
-qcow2_writeback_for_room (struct qcow2_image *img, struct qcow2_io *io)
-{
-  return writeback (img, io, false, false);
 }
 
 int

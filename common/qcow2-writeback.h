@@ -31,8 +31,9 @@
 /* The L2 table for L1_INDEX, as a table that may be changed: made (and
  * hooked into the L1 table in memory) if the L1 entry is empty, else
  * loaded into the dirty set.  With CREATE false and no table, *OUT is
- * NULL.  The table stays valid until the next writeback.  0, or -errno
- * after logging.
+ * NULL.  The table stays valid until the next writeback.  0,
+ * QCOW2_RECLAIM (no room for a new table yet: see qcow2-alloc.h), or
+ * -errno after logging.
  */
 int qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
                         uint64_t l1_index, bool create,
@@ -50,11 +51,5 @@ bool qcow2_too_much_dirty (struct qcow2_image *img);
  */
 int qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
                      bool flush_underneath);
-
-/* The writeback without the final flush and keeping the L2 tables in
- * memory (a caller may hold one), so that released clusters can be
- * reused.
- */
-int qcow2_writeback_for_room (struct qcow2_image *img, struct qcow2_io *io);
 
 #endif /* QCOW2_WRITEBACK_H */
