@@ -160,12 +160,6 @@ qcow2_compress_run (struct compress_ctx *ctx)
       n = cpus;
     img->compressors = qcow2_pool_new (n, compressor_new, compressor_free,
                                        img);
-    if (img->compressors && qcow2_dedup_init (img) < 0) {
-      qcow2_pool_free (img->compressors);
-      img->compressors = NULL;
-      pthread_mutex_unlock (&img->compressors_lock);
-      return -ENOMEM;
-    }
   }
   pool = img->compressors;
   pthread_mutex_unlock (&img->compressors_lock);

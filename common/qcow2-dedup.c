@@ -97,11 +97,8 @@ qcow2_dedup_init (struct qcow2_image *img)
     qcow2_error (img, "out of memory for the table of compressed clusters");
     return -ENOMEM;
   }
-  pthread_mutex_lock (&img->dedup_lock);
-  free (img->dedup);
   img->dedup = table;
   img->dedup_mask = slots - 1;
-  pthread_mutex_unlock (&img->dedup_lock);
   return 0;
 }
 

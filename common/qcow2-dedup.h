@@ -32,8 +32,10 @@
 /* A hash of LEN bytes of DATA. */
 uint64_t qcow2_dedup_hash (const uint8_t *data, size_t len);
 
-/* The table, sized by the disk; 0 or -ENOMEM after logging.  Without it
- * find finds nothing and remember remembers nothing.
+/* The table, sized by the disk, made by the image's open when it is
+ * written with compression (before any other thread can see the image);
+ * 0 or -ENOMEM after logging.  Without it find finds nothing and
+ * remember remembers nothing.
  */
 int qcow2_dedup_init (struct qcow2_image *img);
 void qcow2_dedup_free (struct qcow2_image *img);

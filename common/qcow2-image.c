@@ -224,6 +224,11 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
       goto fail;
     }
   }
+  if (opts->writable && opts->compress) {
+    r = qcow2_dedup_init (img);
+    if (r < 0)
+      goto fail;
+  }
 
   *imagep = img;
   return 0;
