@@ -72,7 +72,7 @@ read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
   switch (map->kind) {
   case CLUSTER_UNALLOCATED:
     if (img->backing)
-      return qcow2_backing_read (img, img->wbuf, cluster_size, guest);
+      return img->read_backing (img, img->wbuf, cluster_size, guest);
     __attribute__ ((fallthrough));
   case CLUSTER_ZERO:
     memset (img->wbuf, 0, cluster_size);

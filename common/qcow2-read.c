@@ -15,7 +15,6 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "qcow2-backing.h"
 #include "qcow2-cache.h"
 #include "qcow2-chunk.h"
 #include "qcow2-conn.h"
@@ -94,7 +93,7 @@ read_subclusters (struct qcow2_conn *conn, struct request *req,
       r = add_normal (conn, req, io, map->host_offset + (pos - cstart),
                       d, end - pos);
     else if (!zero && img->backing)
-      r = qcow2_backing_read (img, d, end - pos, pos);
+      r = img->read_backing (img, d, end - pos, pos);
     else
       memset (d, 0, end - pos);
     pos = end;
@@ -166,7 +165,7 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
       switch (map.kind) {
       case CLUSTER_UNALLOCATED:
         if (dst && img->backing) {
-          r = qcow2_backing_read (img, dst, hi - lo, lo);
+          r = img->read_backing (img, dst, hi - lo, lo);
           break;
         }
         __attribute__ ((fallthrough));

@@ -113,7 +113,14 @@ struct qcow2_image {
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
 
-  struct backing *backing;    /* NULL: unallocated clusters read as zeros */
+  /* The backing file (qcow2-backing.c), NULL when unallocated clusters
+   * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros
+   * past its end).  A pointer, because a qcow2 backing file is read by
+   * the very read path that calls it.
+   */
+  struct backing *backing;
+  int (*read_backing) (struct qcow2_image *img, void *buf, uint64_t len,
+                       uint64_t offset);
 
   /* The compressor threads, started by the first compressing write
    * (qcow2-compress.c).
