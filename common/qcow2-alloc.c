@@ -10,6 +10,7 @@
 #include "qcow2-cache.h"
 #include "qcow2-hostio.h"
 #include "qcow2-refcount.h"
+#include "qcow2-tablemap.h"
 
 /* Clusters set apart at a time for plain data while packing. */
 #define WINDOW_CLUSTERS 32

@@ -8,9 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-backing.h"
+#include "qcow2-conn.h"
 #include "qcow2-endian.h"
 #include "qcow2-fileio.h"
+#include "qcow2-header.h"
+#include "qcow2-hostio.h"
 
 #define MAX_CHAIN 16
 

@@ -18,7 +18,6 @@
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
-#include "qcow2-internal.h"
 #include "qcow2-map.h"
 #include "qcow2-writeback.h"
 

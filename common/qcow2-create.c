@@ -13,8 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-types.h"
+#include "qcow2-alloc.h"
 #include "qcow2-endian.h"
+#include "qcow2-hostio.h"
+#include "qcow2-writeback.h"
 
 /* qemu 7.2 writes 112-byte v3 headers: 104 + compression type + padding. */
 #define CREATE_HEADER_LENGTH 112

@@ -9,10 +9,19 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-types.h"
+#include "qcow2-alloc.h"
+#include "qcow2-backing.h"
+#include "qcow2-cache.h"
 #include "qcow2-codec.h"
+#include "qcow2-compress.h"
+#include "qcow2-dedup.h"
 #include "qcow2-endian.h"
-#include "qcow2-pool.h"
+#include "qcow2-header.h"
+#include "qcow2-hostio.h"
+#include "qcow2-map.h"
+#include "qcow2-refcount.h"
+#include "qcow2-tablemap.h"
 
 static int
 log_extension (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)

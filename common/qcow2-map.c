@@ -13,6 +13,7 @@
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
+#include "qcow2-tablemap.h"
 
 int
 qcow2_l1_load (struct qcow2_image *img, struct qcow2_io *io)

@@ -17,6 +17,7 @@
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
+#include "qcow2-tablemap.h"
 
 static uint64_t
 entry_get (const uint8_t *block, uint64_t index, unsigned order)

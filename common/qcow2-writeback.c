@@ -20,6 +20,7 @@
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
 #include "qcow2-refcount.h"
+#include "qcow2-tablemap.h"
 
 /* Write back before this much changed metadata piles up in memory. */
 #define MAX_DIRTY_L2_BYTES (UINT64_C (16) << 20)

@@ -15,7 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-types.h"
+#include "qcow2-entries.h"
+#include "qcow2-map.h"
+#include "qcow2-refcount.h"
 #include "qcow2-endian.h"
 
 #define OPS 8
