@@ -51,14 +51,9 @@ all_zero (const uint8_t *p, size_t len)
  * context of its own.  A worker that has jobs queued keeps running them,
  * so it stays on its CPU and its context's tables (most of a megabyte
  * for zstd) stay in that CPU's cache; the thread that received the write
- * hands its whole batch over and sleeps once.  Before, the serving
- * threads and the connections' pool workers compressed in turn, sharing
- * one context per CPU: dozens of threads, a wake-up for each cluster,
- * and CPUs left idle for a millisecond at a time while a woken thread
- * waited on the other CPU's run queue.  In 6 alternating pairs of the
- * zstd copy of the compression benchmark (2 CPUs), the change took the
- * median wall time from 8.86 s to 7.83 s, and the CPUs from about 91%
- * to 96% busy.
+ * hands its whole batch over and sleeps once, rather than every serving
+ * thread waking a worker for each cluster and leaving CPUs idle while a
+ * woken thread waits for one.
  *
  * The pool starts with the image's first compressing write and stops
  * when the image is closed.

@@ -78,17 +78,18 @@ int qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
                       struct qcow2_image **image);
 void qcow2_image_close (struct qcow2_image *image);
 
+/* Check CREATE's sizes without touching storage: 0, or -1 with a
+ * sentence naming the parameter in ERRBUF.
+ */
+int qcow2_create_validate (const struct qcow2_create_options *create,
+                           char *errbuf, size_t errlen);
+
 /* Format the storage IO reads and writes as a new, empty qcow2 v3 image
  * (refcount width 16, no extensions), then open it like qcow2_image_open
  * with OPTS (which must be writable).  Refuses, changing nothing, unless
  * the first cluster of the storage is all zeros, and if the storage is
  * too small for the image's metadata.
  */
-/* Check CREATE's sizes without touching storage: 0, or -1 with a
- * sentence naming the parameter in ERRBUF.
- */
-int qcow2_create_validate (const struct qcow2_create_options *create,
-                           char *errbuf, size_t errlen);
 int qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
                   const struct qcow2_create_options *create,
                   const struct qcow2_options *opts,
