@@ -4,6 +4,9 @@
  * 0, the refcount table from cluster 1, the L1 table after it.  The
  * refcount blocks are made by the ordinary allocator when the metadata
  * clusters are counted, so there is one code path for refcounts.
+ *
+ * Implements qcow2_create_validate and qcow2_create (qcow2.h, the
+ * contract).
  */
 
 #include <config.h>

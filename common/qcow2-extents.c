@@ -1,4 +1,8 @@
-/* qcow2zstd engine: the allocation map of the guest disk (block status). */
+/* qcow2zstd engine: the allocation map of the guest disk (block status).
+ *
+ * Implements qcow2_extents (qcow2.h, the contract), with the image lock
+ * held shared.
+ */
 
 #include <config.h>
 

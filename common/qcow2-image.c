@@ -1,4 +1,12 @@
-/* qcow2zstd engine: opening and closing an image. */
+/* qcow2zstd engine: opening and closing an image.
+ *
+ * Implements qcow2_image_open, qcow2_image_close and the image's
+ * accessors (qcow2.h, the contract).  Opening parses and checks the
+ * header (qcow2-header.h), opens the backing file, loads the L1 table,
+ * makes the caches and, for writing, loads the refcounts and sets up the
+ * allocator and the dedup table.  No lock: nobody else sees the image
+ * until open returns, nor after close begins.
+ */
 
 #include <config.h>
 

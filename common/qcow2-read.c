@@ -7,6 +7,9 @@
  * clusters go into chunks (qcow2-chunk.h) that the connection's pool
  * decodes.  A small read that continues the previous one starts the
  * readahead (qcow2-readahead.h).
+ *
+ * Implements qcow2_read and qcow2_prefetch (qcow2.h, the contract), which
+ * hold the image lock shared.
  */
 
 #include <config.h>

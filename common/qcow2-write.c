@@ -1,7 +1,14 @@
 /* qcow2zstd engine: writes, zeroes and trims.
  *
- * Every change runs with the image lock held exclusively; the metadata it
- * changes reaches the disk in the order qcow2-writeback.h describes.
+ * Implements qcow2_write, qcow2_zero and qcow2_trim (qcow2.h, the
+ * contract).  Every change runs with the image lock held exclusively; the
+ * metadata it changes reaches the disk in the order qcow2-writeback.h
+ * describes.  With compression on, whole clusters are compressed before
+ * the lock is taken (qcow2-compress.h), the parts of clusters at either
+ * end of a write take the plain path (qcow2-cluster.h).  When the file
+ * is full but released clusters wait for a writeback, the paths below
+ * answer QCOW2_RECLAIM (qcow2-alloc.h) and this file does the writeback
+ * and goes on.
  */
 
 #include <config.h>
