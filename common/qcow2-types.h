@@ -1,8 +1,9 @@
 /* qcow2zstd engine: the engine's structs, and the order of its locks.
  *
- * Every engine file includes this header, and nothing else is in it: the
- * functions are declared by the header of the module that implements
- * them.  Each struct says which file writes it; others only read.
+ * Every engine file includes this header.  It holds the structs and
+ * nothing else: the functions are declared by the header of the module
+ * that implements them.  Where one file alone writes a struct or a
+ * field, the comment says which; the others only read it.
  *
  * The lock order.  A thread that holds one of these locks takes only
  * locks further down the list, never one above:
@@ -99,7 +100,9 @@ struct qcow2_image {
    */
   pthread_rwlock_t lock;
 
-  /* Write state (opts.writable), all under the lock held exclusively. */
+  /* Write state (opts.writable), changed only under the lock held
+   * exclusively.
+   */
   struct refcounts rc;
   struct allocator alloc;
   /* The changed L2 tables not yet on disk, and the changed L1 entries
