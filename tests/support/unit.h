@@ -3,8 +3,9 @@
  * CHECK (cond) records one check and, when COND is false, prints
  * file:line and the expression, then carries on so that one run shows
  * every failure.  CHECK_EQ also prints both values.  The counters are
- * atomic because some tests check from several threads at once.  main
- * ends with "return unit_finish ();": 0 if every check passed, 1 if not
+ * atomic because some tests check from several threads at once, and
+ * shared with the helpers in tests/support, which check too.  main ends
+ * with "return unit_finish ();": 0 if every check passed, 1 if not
  * (automake's convention; 77 means skipped, see UNIT_SKIP).
  */
 #ifndef QCOW2ZSTD_UNIT_H
@@ -15,8 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static atomic_ulong unit_checks;
-static atomic_ulong unit_failures;
+extern atomic_ulong unit_checks;
+extern atomic_ulong unit_failures;
 
 #define CHECK(cond)                                                     \
   do {                                                                  \
@@ -65,14 +66,6 @@ static atomic_ulong unit_failures;
     exit (77);                                                          \
   } while (0)
 
-static inline int
-unit_finish (void)
-{
-  unsigned long checks = atomic_load (&unit_checks);
-  unsigned long failures = atomic_load (&unit_failures);
-
-  fprintf (stderr, "%lu checks, %lu failed\n", checks, failures);
-  return failures ? 1 : 0;
-}
+int unit_finish (void);
 
 #endif /* QCOW2ZSTD_UNIT_H */
