@@ -335,7 +335,7 @@ test_concurrency (const struct image *img)
 
 /* The image builder must have made what the tests rely on. */
 static void
-check_image (const struct image *img)
+check_builder (const struct image *img)
 {
   const uint64_t C = img->cluster_size;
   unsigned counts[5] = { 0 };
@@ -385,7 +385,7 @@ main (void)
     struct image *img = image_new (&read_image_specs[i]);
     unsigned long before = atomic_load (&unit_failures);
 
-    check_image (img);
+    check_builder (img);
     test_basics (img);
     test_reads (img);
     test_prefetch (img, 0);

@@ -2,6 +2,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,4 +230,130 @@ check_extent (void *opaque, uint64_t offset, uint64_t length, bool zero)
     }
   ec->next = offset + length;
   return 0;
+}
+
+/* ------------------------------------------------------------ writing */
+
+int
+session_open_new (struct session *s, const struct new_image *spec,
+                  unsigned flags, const struct qcow2_options *opts)
+{
+  struct qcow2_options o = *opts;
+  uint8_t *file = new_image (spec);
+
+  memset (s, 0, sizeof *s);
+  mem_io_init (&s->mio, file, spec->storage_size, spec->storage_size,
+               flags | MEM_IO_WRITABLE);
+  free (file);
+  o.writable = true;
+  return session_open_io (s, &o);
+}
+
+int
+do_write (struct session *s, const void *buf, uint64_t count,
+          uint64_t offset, bool fua)
+{
+  int r;
+
+  mem_io_engine_call = true;
+  r = qcow2_write (s->conn, &s->mio.io, buf, count, offset, fua);
+  mem_io_engine_call = false;
+  return r;
+}
+
+int
+do_zero (struct session *s, uint64_t count, uint64_t offset, bool fast,
+         bool fua)
+{
+  int r;
+
+  mem_io_engine_call = true;
+  r = qcow2_zero (s->img, &s->mio.io, count, offset, fast, fua);
+  mem_io_engine_call = false;
+  return r;
+}
+
+int
+do_trim (struct session *s, uint64_t count, uint64_t offset, bool fua)
+{
+  int r;
+
+  mem_io_engine_call = true;
+  r = qcow2_trim (s->img, &s->mio.io, count, offset, fua);
+  mem_io_engine_call = false;
+  return r;
+}
+
+int
+do_flush (struct session *s)
+{
+  int r;
+
+  mem_io_engine_call = true;
+  r = qcow2_flush (s->img, &s->mio.io);
+  mem_io_engine_call = false;
+  return r;
+}
+
+bool
+check_file (const uint8_t *file, uint64_t size, bool exact, const char *ctx)
+{
+  struct image_report report;
+  bool ok = check_image (file, size, exact, &report);
+
+  CHECK (ok);
+  if (!ok)
+    fprintf (stderr, "  %s: the image is not %s: %s (%" PRIu64 " leaked, %"
+             PRIu64 " short, %" PRIu64 " COPIED wrong, %" PRIu64 " broken)\n",
+             ctx, exact ? "exact" : "consistent", report.first_problem,
+             report.leaked, report.short_counted, report.copied_wrong,
+             report.broken);
+  image_report_free (&report);
+  return ok;
+}
+
+bool
+matches_model (struct session *s, const uint8_t *model, uint64_t offset,
+               uint64_t len, const char *ctx)
+{
+  uint8_t *got = xmalloc (len);
+  bool ok;
+  int r;
+
+  memset (got, 0xcd, len);
+  r = do_read (s, got, len, offset);
+  CHECK_EQ (r, 0);
+  ok = r == 0 && memcmp (got, model + offset, len) == 0;
+  if (r == 0 && !ok) {
+    uint64_t i = 0;
+    while (got[i] == model[offset + i])
+      ++i;
+    CHECK (!"guest bytes differ from the model");
+    fprintf (stderr, "  %s: read of %" PRIu64 " at %" PRIu64 ": first "
+             "difference at guest offset %" PRIu64 ": got 0x%02x, want "
+             "0x%02x\n", ctx, len, offset, offset + i, got[i],
+             model[offset + i]);
+  }
+  else if (r != 0)
+    fprintf (stderr, "  %s: read failed: %s\n", ctx, s->log.last);
+  free (got);
+  return ok;
+}
+
+bool
+file_matches_model (const uint8_t *file, uint64_t size, const uint8_t *model,
+                    uint64_t virtual_size, const char *ctx)
+{
+  struct qcow2_options opts = default_options;
+  struct session s;
+  bool ok = false;
+
+  opts.writable = false;
+  CHECK_EQ (session_open (&s, file, size, &opts), 0);
+  if (s.conn)
+    ok = matches_model (&s, model, 0, virtual_size, ctx);
+  else
+    fprintf (stderr, "  %s: cannot open: %s\n", ctx, s.log.last);
+  session_close (&s);
+  return ok;
 }

@@ -11,6 +11,7 @@
 #include "qcow2.h"
 #include "mem-io.h"
 #include "read-image.h"
+#include "write-image.h"
 
 struct log_capture {
   pthread_mutex_t lock;
@@ -83,5 +84,39 @@ struct extent_check {
   bool bad;
 };
 int check_extent (void *opaque, uint64_t offset, uint64_t length, bool zero);
+
+/* ------------------------------------------------------------ writing */
+
+/* Open a new image laid out by SPEC, on writable storage with the
+ * MEM_IO_* FLAGS (MEM_IO_WRITABLE is added), with OPTS made writable.
+ */
+int session_open_new (struct session *s, const struct new_image *spec,
+                      unsigned flags, const struct qcow2_options *opts);
+
+int do_write (struct session *s, const void *buf, uint64_t count,
+              uint64_t offset, bool fua);
+int do_zero (struct session *s, uint64_t count, uint64_t offset, bool fast,
+             bool fua);
+int do_trim (struct session *s, uint64_t count, uint64_t offset, bool fua);
+int do_flush (struct session *s);
+
+/* Check the image FILE (SIZE bytes) with check_image, counting a failed
+ * check and saying why under CTX.
+ */
+bool check_file (const uint8_t *file, uint64_t size, bool exact,
+                 const char *ctx);
+
+/* Do the guest bytes of [OFFSET, OFFSET+LEN) read through S equal
+ * MODEL's (the whole guest disk)?  Counts a failed check.
+ */
+bool matches_model (struct session *s, const uint8_t *model,
+                    uint64_t offset, uint64_t len, const char *ctx);
+
+/* Open FILE (SIZE bytes) read-only on its own and compare the whole guest
+ * disk with MODEL (VIRTUAL_SIZE bytes).
+ */
+bool file_matches_model (const uint8_t *file, uint64_t size,
+                         const uint8_t *model, uint64_t virtual_size,
+                         const char *ctx);
 
 #endif /* QCOW2ZSTD_TEST_SESSION_H */
