@@ -302,7 +302,8 @@ qcow2_release (struct qcow2_image *img, const struct cluster_map *map)
 }
 
 bool
-qcow2_reads_as_zeros (const struct qcow2_image *img, const struct cluster_map *map)
+qcow2_reads_as_zeros (const struct qcow2_image *img,
+                      const struct cluster_map *map)
 {
   return map->kind == CLUSTER_ZERO ||
     (map->kind == CLUSTER_UNALLOCATED && img->backing == NULL);

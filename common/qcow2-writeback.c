@@ -109,7 +109,8 @@ qcow2_too_much_dirty (struct qcow2_image *img)
 
   if (limit < MIN_DIRTY_L2_TABLES)
     limit = MIN_DIRTY_L2_TABLES;
-  return img->dirty_l2.count > limit || qcow2_pending_frees (img) > MAX_PENDING_FREES;
+  return img->dirty_l2.count > limit ||
+    qcow2_pending_frees (img) > MAX_PENDING_FREES;
 }
 
 struct l2_writeback {

@@ -300,7 +300,8 @@ test_random_log (bool compress, uint64_t seed)
     return;
   }
   for (unsigned i = 0; i < 120; ++i) {
-    uint64_t off = rng (&seed) % (2 * MiB / C) * C + (rng (&seed) & 1 ? 100 : 0);
+    uint64_t off = rng (&seed) % (2 * MiB / C) * C +
+      (rng (&seed) & 1 ? 100 : 0);
     uint64_t len = 1 + rng (&seed) % (16 * C - 100);
 
     if (off + len > 2 * MiB)

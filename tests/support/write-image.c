@@ -41,7 +41,8 @@ set_refcount_entry (uint8_t *block, uint64_t i, unsigned order, uint64_t v)
   if (bits < 8) {
     unsigned shift = i * bits % 8;
     uint8_t mask = ((1u << bits) - 1) << shift;
-    block[i * bits / 8] = (block[i * bits / 8] & ~mask) | ((v << shift) & mask);
+    block[i * bits / 8] = (block[i * bits / 8] & ~mask) |
+      ((v << shift) & mask);
     return;
   }
   for (unsigned b = bits / 8; b-- > 0; v >>= 8)
@@ -54,7 +55,8 @@ new_image (const struct new_image *spec)
   const uint64_t cs = UINT64_C (1) << spec->cluster_bits;
   const unsigned order = spec->version >= 3 ? spec->refcount_order : 4;
   const uint64_t l2_coverage = cs / 8 * cs;
-  const uint32_t l1_size = (spec->virtual_size + l2_coverage - 1) / l2_coverage;
+  const uint32_t l1_size =
+    (spec->virtual_size + l2_coverage - 1) / l2_coverage;
   const uint64_t l1_clusters = ((uint64_t) l1_size * 8 + cs - 1) / cs;
   const unsigned rt_clusters = spec->rt_clusters ? spec->rt_clusters : 1;
   const uint64_t rt_offset = cs;
