@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: allocating host clusters, and releasing them.
  *
  * Increments are made in memory and written (then flushed) before any L2

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: backing files (see qcow2-backing.h). */
 
 #include <config.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: backing files.
  *
  * An image whose header names a backing file reads its unallocated

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: chunks of compressed clusters, fetched with one read
  * and decoded on the connection's pool.
  */

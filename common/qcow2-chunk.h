@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: chunks of compressed clusters.
  *
  * A read gathers the compressed clusters it meets into a chunk whose

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: changing the guest clusters of one range.
  *
  * A write, zero or trim walks its range cluster by cluster: data goes in

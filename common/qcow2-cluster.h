@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: changing the guest clusters of one range.
  *
  * The plain (uncompressed) path of writes, zeroes and trims, one cluster

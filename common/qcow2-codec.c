@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: decoders and encoders for zlib-type and zstd-type
  * clusters.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: compressing whole clusters on the image's compressor
  * threads, and placing the results (see qcow2-compress.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: compressing whole clusters, and placing the results.
  *
  * A write of whole clusters with compression on is compressed before the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the connection.
  *
  * A struct qcow2_conn is what one NBD connection brings to an image: a

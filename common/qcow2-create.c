@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: formatting storage as a new qcow2 image.
  *
  * Layout, as qemu-img create lays out a new image: the header in cluster

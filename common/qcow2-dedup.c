@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: sharing one compressed cluster between guest clusters
  * with the same data (see qcow2-dedup.h).
  */

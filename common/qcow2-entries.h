@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the bits of L1, L2 and refcount table entries
  * (qcow2.txt, "Cluster mapping" and "Host cluster management").
  */

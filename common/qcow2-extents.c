@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the allocation map of the guest disk (block status).
  *
  * Implements qcow2_extents (qcow2.h, the contract), with the image lock

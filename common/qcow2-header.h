@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the qcow2 header, parsed and validated.
  *
  * qcow2_header_parse() turns the first cluster of an image into a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: host I/O and messages.
  *
  * Every byte the engine reads or writes underneath goes through these

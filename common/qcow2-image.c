@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: opening and closing an image.
  *
  * Implements qcow2_image_open, qcow2_image_close and the image's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: where guest clusters live: the L1 table, L2 lookups
  * and the validation of every entry before it is used.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: where guest clusters live.
  *
  * The L1 table is held in memory (host order) while the image is open;

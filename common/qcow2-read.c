@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the read path.
  *
  * A read walks the L2 entries of the request in order.  Zero and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: decoding ahead of a sequential reader.
  *
  * A client reading a compressed disk in small pieces, one after the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the refcounts in memory.
  *
  * The refcount table and every refcount block touched are kept in memory

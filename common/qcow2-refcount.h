@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the refcounts in memory.
  *
  * While an image is open for writing, its refcount table and every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the engine's structs, and the order of its locks.
  *
  * Every engine file includes this header.  It holds the structs and

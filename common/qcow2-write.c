@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: writes, zeroes and trims.
  *
  * Implements qcow2_write, qcow2_zero and qcow2_trim (qcow2.h, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the metadata writeback.
  *
  * Changed L2 tables (the dirty set), the changed L1 entries and the

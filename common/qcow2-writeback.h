@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the metadata writeback.
  *
  * Every change runs with the image lock held exclusively.  Guest data is

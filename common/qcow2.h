@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the public interface.
  *
  * An image (struct qcow2_image) is opened once and shared by every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd glue: the engine's log, errors and block sizes. */
 
 #include <config.h>

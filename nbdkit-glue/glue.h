@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd glue: the engine's log, errors and block sizes in nbdkit's
  * terms, the same for the filter and the plugin.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd glue: the nbdkit declarations the shared glue uses.
  *
  * The glue is built once and linked into both the filter and the plugin,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd glue: the parameters of the filter and the plugin. */
 
 #include <config.h>

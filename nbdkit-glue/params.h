@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd: what the filter and the plugin share: the parameters, the
  * debug flags, --dump-plugin, the statistics line, the extents adapter.
  */

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # A small HTTP/1.1 server for the tests, serving the files of a directory
 # with byte ranges (Python's http.server ignores Range headers, which
 # nbdkit's curl plugin needs).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: the sharded CLOCK slot cache.
  *
  * Slot contents always encode their key (fill_slot), so any get that

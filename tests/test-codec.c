@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: decoding one compressed cluster.
  *
  * The compressed inputs are made here the way qemu makes them: raw

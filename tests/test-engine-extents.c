@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: block status.  The engine's extents for every
  * range the read tests read, and the whole disk, must cover it from
  * where they were asked for, consecutively, with zero exactly where the

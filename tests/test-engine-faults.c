@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: broken images and failing storage.  Every broken
  * entry gives -EIO for its cluster only, with a message naming the
  * problem, while the rest reads fine; every storage error comes back as

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: reading the images of tests/support/read-image.c
  * through the engine, under every combination of threads, request size
  * and cache sizes, from several threads at once, and through the cluster

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: refcounts.
  *
  * After each step and a flush, every refcount the engine stored must

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: writes, zeroes and trims.
  *
  * Random sequences of writes (partial clusters, whole runs, zeros,

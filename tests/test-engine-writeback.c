@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: the order of the metadata writeback, what a crash
  * leaves, and reclaiming released clusters when the file is full.
  *

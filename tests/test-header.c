@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: header parsing, feature checks, extension walk.
  *
  * Every header here is assembled byte by byte from a struct of field

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-filter: the images being served, one per export.
  *
  * Connections to the same export share one engine image, so that they

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-filter: serve the guest disk inside a qcow2 image.
  *
  * The nbdkit callbacks.  This file and its two neighbours are only glue:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-plugin: serve a qcow2 image file.
  *
  * The plugin form of the filter, on the same engine and with the same

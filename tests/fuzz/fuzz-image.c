@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: open an arbitrary image held in memory and read and map
  * requests over it.  The first 32 bytes choose the requests and options;
  * the rest is the image file.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: a sequence of writes, zeroes, trims, flushes and reads over
  * an arbitrary image held in memory, opened for writing.  If the image's
  * refcounts covered its references before (no cluster is referenced more

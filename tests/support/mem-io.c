@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit tests: the engine's storage in memory. */
 #include <config.h>
 

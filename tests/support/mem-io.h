@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit tests: the engine's storage in memory.
  *
  * One struct qcow2_io over a memory buffer for every C test and fuzz

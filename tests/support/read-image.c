@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit tests: qcow2 images assembled byte by byte, for reading. */
 #include <config.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit tests: minimal assertion helpers.
  *
  * CHECK (cond) records one check and, when COND is false, prints

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit tests: small helpers every C test uses: memory that
  * never fails, big-endian fields, a random generator, and the data
  * pattern that makes any misplaced byte show.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit tests: images to write, and the test's own checks of
  * what the engine wrote (written from qcow2.txt, sharing no code with the
  * engine).
