@@ -180,6 +180,27 @@ check_crash_states (const struct mem_io *m, uint64_t seed, const char *ctx)
 
 /* ---------------------------------------------------------- the order */
 
+/* Flush S and expect the flush's writes to come as EXPECTED (repeats
+ * collapsed), and none of the log's before what it depends on.
+ */
+static void
+expect_flush (struct session *s, const char *expected, const char *what)
+{
+  size_t start = s->mio.nops;
+  int *kind;
+  char seq[200];
+
+  CHECK_EQ (do_flush (s), 0);
+  kind = classify_log (&s->mio);
+  sequence (&s->mio, kind, start, s->mio.nops, seq, sizeof seq);
+  CHECK (strcmp (seq, expected) == 0);
+  if (strcmp (seq, expected) != 0)
+    fprintf (stderr, "  %s: the flush wrote %s, expected %s\n", what, seq,
+             expected);
+  check_dependencies (&s->mio, kind, what);
+  free (kind);
+}
+
 /* A writeback with every step: new refcount blocks that need a bigger
  * table (which then moves, so the header changes), new L2 tables and L1
  * entries, and released clusters.
@@ -197,9 +218,6 @@ test_order_all_steps (void)
   uint64_t len = 1900 * KiB;
   uint8_t *buf = xmalloc (len);
   struct session s;
-  size_t start;
-  int *kind;
-  char seq[200];
 
   CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
   if (s.conn == NULL) {
@@ -214,17 +232,9 @@ test_order_all_steps (void)
   /* A release, then data past what the table covers, in a new L2 table. */
   CHECK_EQ (do_zero (&s, 512, 0, false, false), 0);
   CHECK_EQ (do_write (&s, buf, 200 * KiB, 2560 * KiB, false), 0);
-  start = s.mio.nops;
-  CHECK_EQ (do_flush (&s), 0);
-  kind = classify_log (&s.mio);
-  sequence (&s.mio, kind, start, s.mio.nops, seq, sizeof seq);
-  CHECK (strcmp (seq, "B F T F H F L2 F L1 F B F") == 0);
-  if (strcmp (seq, "B F T F H F L2 F L1 F B F") != 0)
-    fprintf (stderr, "  writeback with every step: %s\n", seq);
-  check_dependencies (&s.mio, kind, "every step");
+  expect_flush (&s, "B F T F H F L2 F L1 F B F", "every step");
   check_crash_states (&s.mio, 1, "every step");
   check_file (s.mio.data, s.mio.size, true, "every step");
-  free (kind);
   session_close (&s);
   free (buf);
 }
@@ -239,9 +249,6 @@ test_order_usual (void)
   struct qcow2_options opts = default_options;
   uint8_t buf[4096];
   struct session s;
-  size_t start;
-  int *kind;
-  char seq[200];
 
   CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
   if (s.conn == NULL) {
@@ -250,25 +257,9 @@ test_order_usual (void)
   }
   fill_pattern (buf, sizeof buf, 2);
   CHECK_EQ (do_write (&s, buf, sizeof buf, 3 * MiB, false), 0);
-  start = s.mio.nops;
-  CHECK_EQ (do_flush (&s), 0);
-  kind = classify_log (&s.mio);
-  sequence (&s.mio, kind, start, s.mio.nops, seq, sizeof seq);
-  CHECK (strcmp (seq, "B F L2 F L1 F") == 0);
-  if (strcmp (seq, "B F L2 F L1 F") != 0)
-    fprintf (stderr, "  new cluster, new L2 table: %s\n", seq);
-  free (kind);
-
+  expect_flush (&s, "B F L2 F L1 F", "a new cluster in a new L2 table");
   CHECK_EQ (do_trim (&s, sizeof buf, 3 * MiB, false), 0);
-  start = s.mio.nops;
-  CHECK_EQ (do_flush (&s), 0);
-  kind = classify_log (&s.mio);
-  sequence (&s.mio, kind, start, s.mio.nops, seq, sizeof seq);
-  CHECK (strcmp (seq, "F L2 F B F") == 0);
-  if (strcmp (seq, "F L2 F B F") != 0)
-    fprintf (stderr, "  released cluster: %s\n", seq);
-  check_dependencies (&s.mio, kind, "usual");
-  free (kind);
+  expect_flush (&s, "F L2 F B F", "a released cluster");
   check_file (s.mio.data, s.mio.size, true, "usual");
   session_close (&s);
 }
