@@ -77,9 +77,6 @@ check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
   return 0;
 }
 
-
-
-
 /* Compress the batch outside the lock, then place it under the lock. */
 static int
 flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
