@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Install everything qcow2zstd needs on Debian 12 (bookworm): the build
 # tools, both compilers and the sanitizer runtimes, nbdkit and libnbd,
 # the decompression libraries, and the tools that the tests, the demo

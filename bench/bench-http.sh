@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # HTTP benchmark: a full read of the zstd image of bench/make-image.sh
 # through the filter, over nbdkit's curl plugin from nginx (Debian's
 # package, started here on 127.0.0.1 with its own configuration, serving

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Read benchmark: the qcow2zstd filter against qemu-nbd and against the
 # raw image through nbdkit's file plugin (the transport floor), on a
 # compressed ext4 image built from files on this machine.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash disable=SC2034
 # Shared helpers for the qcow2zstd benchmarks (sourced, not run).
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash
 # A small Linux guest for the tests that need a real kernel: Debian's
 # own kernel, booted by qemu-system-x86_64 from an initramfs holding

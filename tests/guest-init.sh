@@ -1,4 +1,5 @@
 #!/bin/busybox sh
+# SPDX-License-Identifier: BSD-3-Clause
 # /init of the test guest (see tests/guest-functions.sh): mount the
 # kernel's filesystems, load the modules, bring up the network card if
 # qemu gave one (qemu's user network: the guest is 10.0.2.15), run the

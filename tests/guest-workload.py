@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # A random filesystem workload for the test guest (test-vm-disk.sh), and
 # the files it must leave behind.
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash
 # Helpers shared by test-mount.sh (nbdfuse + fuse2fs) and
 # test-mount-kernel.sh (nbd-client + the kernel's ext4): an ext4

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash
 # A real web server for the curl tests and bench/bench-http.sh: Debian's
 # nginx, started as an ordinary process of the test (not the system's

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Every command of the EXAMPLES section of nbdkit-qcow2zstd-filter(1),
 # run as written, in order, with these substitutions only:
 #   --filter=qcow2zstd          -> --filter=$FILTER (the built filter)

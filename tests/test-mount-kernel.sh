@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Mounting the guest's ext4 filesystem read-write with the kernel's NBD
 # client: nbd-client connects /dev/nbdN to the export and the kernel
 # mounts the ext4 filesystem on it.  Two ways, each run where it can be:

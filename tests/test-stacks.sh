@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The filter in stacks with nbdkit's own filters and plugins:
 #   (a) cow on top: a writable overlay of the image, which stays unchanged;
 #   (b) cache on top, reading and writing (writeback);

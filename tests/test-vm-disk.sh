@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A virtual machine whose disk is the export: the test guest
 # (tests/guest-functions.sh: Debian's kernel under qemu-system-x86_64)
 # with the filter's export attached as a virtio-blk disk through qemu's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=sh
 # The changes made to the files of the test filesystem through a mount
 # (see mount-functions.sh), and the check of a tree against the sums made
