@@ -10,6 +10,7 @@
 #include "qcow2-alloc.h"
 #include "qcow2-cache.h"
 #include "qcow2-hostio.h"
+#include "qcow2-inflight.h"
 #include "qcow2-refcount.h"
 #include "qcow2-tablemap.h"
 
@@ -384,7 +385,7 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
        * be reused: out of room, the caller does that writeback now
        * rather than fail.
        */
-      if (a->npending == 0 || (mode & QCOW2_ALLOC_NO_RECLAIM))
+      if (qcow2_pending_frees (img) == 0 || (mode & QCOW2_ALLOC_NO_RECLAIM))
         return no_room (img, count);
       return QCOW2_RECLAIM;
     }
@@ -431,8 +432,8 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
 }
 
 int
-qcow2_pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
-                       const uint8_t *data, uint64_t len, uint64_t *host)
+qcow2_pack_reserve (struct qcow2_image *img, struct qcow2_io *io,
+                    uint64_t len, uint64_t *host)
 {
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t cluster_size = img->header.cluster_size;
@@ -493,9 +494,6 @@ qcow2_pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
     if (!is_fresh && (r = qcow2_refcount_add (img, io, c, 1, NULL)) < 0)
       goto fail;
   }
-  r = qcow2_pwrite_logged (img, io, data, len, cur);
-  if (r < 0)
-    goto fail;
   *host = cur;
   img->alloc.pack_cursor = cur + len;
   return 0;
@@ -525,6 +523,7 @@ qcow2_free_later (struct qcow2_image *img, uint64_t offset, uint64_t length,
   }
   a->pending[a->npending++] = (struct pending_free) {
     .offset = offset, .length = length, .cache_key = cache_key,
+    .mark = qcow2_inflight_mark (&img->inflight),
   };
   return 0;
 }
@@ -532,21 +531,74 @@ qcow2_free_later (struct qcow2_image *img, uint64_t offset, uint64_t length,
 size_t
 qcow2_pending_frees (const struct qcow2_image *img)
 {
-  return img->alloc.npending;
+  return img->alloc.npending + img->alloc.in_writeback;
+}
+
+void
+qcow2_take_frees (struct qcow2_image *img, struct pending_list *list)
+{
+  struct allocator *a = &img->alloc;
+
+  list->frees = a->pending;
+  list->count = a->npending;
+  a->in_writeback += a->npending;
+  a->pending = NULL;
+  a->npending = a->pending_cap = 0;
+}
+
+uint64_t
+qcow2_frees_mark (const struct pending_list *list)
+{
+  /* Marks only grow along the queue. */
+  return list->count ? list->frees[list->count - 1].mark : 0;
+}
+
+void
+qcow2_return_frees (struct qcow2_image *img, struct pending_list *list)
+{
+  struct allocator *a = &img->alloc;
+  size_t n = list->count;
+
+  a->in_writeback -= n;
+  if (n && a->npending + n > a->pending_cap) {
+    size_t cap = a->npending + n;
+    struct pending_free *p = realloc (a->pending, cap * sizeof *p);
+    if (p == NULL) {
+      /* Memory is gone: the clusters leak (refcounts stay too high),
+       * which qemu-img check reports and repairs; nothing is lost.
+       */
+      qcow2_error (img, "out of memory keeping %zu clusters to free: they "
+                   "stay allocated", n);
+      n = 0;
+    }
+    else {
+      a->pending = p;
+      a->pending_cap = cap;
+    }
+  }
+  if (n) {
+    memmove (a->pending + n, a->pending, a->npending * sizeof *a->pending);
+    memcpy (a->pending, list->frees, n * sizeof *a->pending);
+    a->npending += n;
+  }
+  free (list->frees);
+  list->frees = NULL;
+  list->count = 0;
 }
 
 int
-qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io)
+qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io,
+                   struct pending_list *list)
 {
   struct allocator *a = &img->alloc;
   const unsigned bits = img->header.cluster_bits;
   size_t i;
-  int r;
+  int r = 0;
 
-  if (a->npending)
+  if (list->count)
     atomic_fetch_add (&img->free_generation, 1);
-  for (i = 0; i < a->npending; ++i) {
-    struct pending_free *p = &a->pending[i];
+  for (i = 0; i < list->count && r == 0; ++i) {
+    struct pending_free *p = &list->frees[i];
     uint64_t c, now;
 
     if (p->cache_key)
@@ -554,17 +606,29 @@ qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io)
     for (c = p->offset >> bits; c <= (p->offset + p->length - 1) >> bits; ++c) {
       r = qcow2_refcount_add (img, io, c, -1, &now);
       if (r < 0) {
-        /* Keep what is left for a later try. */
-        memmove (a->pending, a->pending + i,
-                 (a->npending - i) * sizeof *a->pending);
-        a->npending -= i;
-        return r;
+        /* Keep what is left for a later try: this one from the
+         * cluster that failed on.
+         */
+        p->length = p->offset + p->length - (c << bits);
+        p->offset = c << bits;
+        break;
       }
       if (now == 0 && c < a->free_hint)
         a->free_hint = c;
     }
   }
-  a->npending = 0;
+  if (r < 0) {
+    i--;
+    memmove (list->frees, list->frees + i, (list->count - i) * sizeof *list->frees);
+    a->in_writeback -= i;
+    list->count -= i;
+    qcow2_return_frees (img, list);
+    return r;
+  }
+  a->in_writeback -= list->count;
+  free (list->frees);
+  list->frees = NULL;
+  list->count = 0;
 
   /* If the host cluster that compressed data was being packed into was
    * released entirely, it may be handed out again: pack elsewhere.

@@ -20,11 +20,13 @@
  * releases, and tries again.
  *
  * Offers: qcow2_alloc_clusters, qcow2_alloc_reference,
- * qcow2_pack_compressed, qcow2_free_later, qcow2_apply_frees,
+ * qcow2_pack_reserve, qcow2_free_later, qcow2_take_frees,
+ * qcow2_frees_mark, qcow2_apply_frees, qcow2_return_frees,
  * qcow2_pending_frees.
  * Locks: every call with the image lock held exclusively.
  * Needs: the refcounts, host I/O, the cluster cache (released compressed
- * clusters leave it).
+ * clusters leave it), the grace periods (qcow2-inflight.h: a release
+ * carries the mark it waits for).
  */
 #ifndef QCOW2_ALLOC_H
 #define QCOW2_ALLOC_H
@@ -79,15 +81,17 @@ int qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
 int qcow2_alloc_reference (struct qcow2_image *img, struct qcow2_io *io,
                            uint64_t cluster);
 
-/* Put LEN bytes of one cluster's compressed data (DATA) into the packing
- * area and write them: back to back with the previous cluster's, running
- * on into the next host cluster if that one can be allocated right after
- * it, else into a new one.  Every host cluster the sector-rounded range
- * touches gets one more reference.  *HOST gets the data's host offset.
- * 0, QCOW2_RECLAIM, or -errno after logging.
+/* Make room for LEN bytes of one cluster's compressed data in the
+ * packing area: back to back with the previous cluster's, running on into
+ * the next host cluster if that one can be allocated right after it,
+ * else in a new one.  Every host cluster the sector-rounded range touches
+ * gets one more reference.  *HOST gets the data's host offset; the caller
+ * writes the data there (outside the lock), and if that fails releases
+ * the range (qcow2_free_later of its sector-rounded span).  0,
+ * QCOW2_RECLAIM, or -errno after logging.
  */
-int qcow2_pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
-                           const uint8_t *data, uint64_t len, uint64_t *host);
+int qcow2_pack_reserve (struct qcow2_image *img, struct qcow2_io *io,
+                        uint64_t len, uint64_t *host);
 
 /* Queue a release of [OFFSET, OFFSET+LENGTH) (one reference less for each
  * host cluster it touches, and CACHE_KEY, if not 0, out of the cluster
@@ -96,12 +100,29 @@ int qcow2_pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
 int qcow2_free_later (struct qcow2_image *img, uint64_t offset,
                       uint64_t length, uint64_t cache_key);
 
-/* Apply the queued releases to the refcounts in memory: only once the
- * metadata that stopped pointing at them is durable.
+/* Take the queued releases out of the queue into *LIST, for a writeback
+ * whose metadata no longer points at any of them (it was copied after
+ * they were queued).  The allocator still counts them as coming
+ * (QCOW2_RECLAIM), until qcow2_apply_frees or qcow2_return_frees.
  */
-int qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io);
+void qcow2_take_frees (struct qcow2_image *img, struct pending_list *list);
 
-/* Releases queued and not applied yet. */
+/* The mark every release of LIST waits for (qcow2-inflight.h). */
+uint64_t qcow2_frees_mark (const struct pending_list *list);
+
+/* Apply LIST to the refcounts in memory: only once the metadata that
+ * stopped pointing at them is durable and their mark has passed.  Frees
+ * LIST; on an error, what was not applied goes back to the queue.
+ */
+int qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io,
+                       struct pending_list *list);
+
+/* Put LIST back at the head of the queue, unapplied (the writeback
+ * failed), and free it.
+ */
+void qcow2_return_frees (struct qcow2_image *img, struct pending_list *list);
+
+/* Releases queued and not applied yet (taken ones included). */
 size_t qcow2_pending_frees (const struct qcow2_image *img);
 
 #endif /* QCOW2_ALLOC_H */

@@ -12,10 +12,10 @@
  * Offers: qcow2_chunk_add, qcow2_chunk_flush and qcow2_chunk_finish for
  * the read path; qcow2_chunk_fits, qcow2_chunk_append, qcow2_chunk_fetch
  * and qcow2_chunk_wait for the readahead, which builds its own chunk.
- * Locks: the caller holds the image lock (shared) from the first add to
- * the last finish, so that the L2 entries and the bytes read stay
- * consistent; a readahead chunk may finish decoding after the lock is
- * gone (see chunk.generation).
+ * Locks: none held.  The caller is registered for a grace period from
+ * before it looked up the entries until the last finish, so that the
+ * bytes read still belong to those entries (qcow2-inflight.h); a
+ * readahead chunk may finish decoding after that (see chunk.generation).
  * Needs: the connection (its pool), host I/O, the codec, the cluster
  * cache.
  */

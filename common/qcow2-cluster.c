@@ -1,11 +1,20 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: changing the guest clusters of one range.
  *
- * A write, zero or trim walks its range cluster by cluster: data goes in
- * place into a normal cluster the image alone owns (COPIED), else into a
- * newly allocated cluster filled with the old content around the new
- * bytes; what a cluster held before is released after the next
- * writeback.  Data bound for contiguous host bytes is written in runs.
+ * A write, zero or trim walks its range piece by piece.  Each cluster of
+ * a piece gets an action: data goes in place into a normal cluster the
+ * image alone owns (COPIED), else into a newly allocated cluster filled
+ * with the old content around the new bytes; a whole cluster zeroed or
+ * trimmed only changes its entry.  What a cluster held before is
+ * released after the next writeback.  Data bound for contiguous host
+ * bytes is written in runs.
+ *
+ * The image lock is held only to decide: shared for a piece written in
+ * place, exclusively for one that allocates or changes entries.  Data is
+ * read and written with no lock held; the guest clusters of a piece that
+ * allocates stay claimed until its new clusters are linked, and a piece
+ * that writes in place is registered for a grace period until its data
+ * is written, so that no cluster it writes is reused meanwhile.
  */
 
 #include <config.h>
@@ -15,22 +24,30 @@
 
 #include "qcow2-cluster.h"
 #include "qcow2-alloc.h"
+#include "qcow2-cache.h"
 #include "qcow2-codec.h"
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
+#include "qcow2-inflight.h"
 #include "qcow2-map.h"
+#include "qcow2-scratch.h"
 #include "qcow2-writeback.h"
 
-/* A run of guest data bound for contiguous host bytes. */
-struct data_run {
-  const uint8_t *src;
-  uint64_t host;
-  uint64_t len;
+_Static_assert (QCOW2_PIECE_MAX <= QCOW2_L2_BATCH,
+                "a piece's entries are fetched at once");
+
+enum piece_action {
+  PIECE_NONE,                   /* nothing to do */
+  PIECE_IN_PLACE,               /* write into the cluster it has */
+  PIECE_NEW,                    /* write a new cluster, then link it */
+  PIECE_META,                   /* only its entry changes (under the lock) */
 };
 
-static int
-run_flush (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run)
+/* ------------------------------------------------------------ data runs */
+
+int
+qcow2_run_flush (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run)
 {
   int r = 0;
 
@@ -40,8 +57,8 @@ run_flush (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run)
   return r;
 }
 
-static int
-run_add (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run,
+int
+qcow2_run_add (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run,
          const uint8_t *src, uint64_t host, uint64_t len)
 {
   int r;
@@ -51,44 +68,95 @@ run_add (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run,
     run->len += len;
     return 0;
   }
-  r = run_flush (img, io, run);
+  r = qcow2_run_flush (img, io, run);
   run->src = src;
   run->host = host;
   run->len = len;
   return r;
 }
 
-/* Fill img->wbuf with the current content of the guest cluster MAP
- * describes.
+/* ---------------------------------------------------- one cluster's part */
+
+bool
+qcow2_reads_as_zeros (const struct qcow2_image *img,
+                      const struct cluster_map *map)
+{
+  return map->kind == CLUSTER_ZERO ||
+    (map->kind == CLUSTER_UNALLOCATED && img->backing == NULL);
+}
+
+/* The request [OFFSET, END) in guest cluster GC: *PART_OFF bytes into it,
+ * *LEN bytes long.  The last cluster of a disk whose size is not a
+ * multiple of the cluster size is whole once the request reaches the
+ * disk's end.
  */
-static int
-read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
-                  const struct cluster_map *map, uint64_t guest)
+static bool
+cluster_part (const struct qcow2_image *img, uint64_t gc, uint64_t offset,
+              uint64_t end, uint64_t *part_off, uint64_t *len)
+{
+  const uint64_t cstart = gc << img->header.cluster_bits;
+  const uint64_t cend = cstart + img->header.cluster_size;
+  uint64_t lo = offset > cstart ? offset : cstart;
+  uint64_t hi = end < cend ? end : cend;
+
+  *part_off = lo - cstart;
+  *len = hi - lo;
+  return lo == cstart && (hi == cend || hi == img->header.virtual_size);
+}
+
+static enum piece_action
+decide (const struct qcow2_image *img, enum qcow2_op op,
+        const struct cluster_map *map, bool whole)
+{
+  bool in_place = map->kind == CLUSTER_NORMAL && (map->l2_entry & L2E_COPIED);
+
+  if (op == QCOW2_OP_WRITE)
+    return in_place ? PIECE_IN_PLACE : PIECE_NEW;
+  if (qcow2_reads_as_zeros (img, map))
+    return PIECE_NONE;
+  /* A whole cluster becomes a zero cluster on v3, unallocated on v2
+   * without a backing file (which reads as zeros); on v2 with one it is
+   * written with zeros.
+   */
+  if (whole && (img->header.version >= 3 || img->backing == NULL))
+    return PIECE_META;
+  if (op == QCOW2_OP_TRIM)
+    return PIECE_NONE;          /* a trim of part of a cluster is a hint */
+  return in_place ? PIECE_IN_PLACE : PIECE_NEW;
+}
+
+int
+qcow2_read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
+                        struct write_scratch *ws,
+                        const struct cluster_map *map,
+                        uint64_t guest_cluster, uint8_t *out)
 {
   const uint32_t cluster_size = img->header.cluster_size;
+  uint64_t guest = guest_cluster << img->header.cluster_bits;
   char err[256];
   int r;
 
   switch (map->kind) {
   case CLUSTER_UNALLOCATED:
     if (img->backing)
-      return img->read_backing (img, img->wbuf, cluster_size, guest);
+      return img->read_backing (img, out, cluster_size, guest);
     __attribute__ ((fallthrough));
   case CLUSTER_ZERO:
-    memset (img->wbuf, 0, cluster_size);
+    memset (out, 0, cluster_size);
     return 0;
   case CLUSTER_NORMAL:
-    return qcow2_pread_clamped (img, io, img->wbuf, cluster_size,
-                                map->host_offset);
+    return qcow2_pread_clamped (img, io, out, cluster_size, map->host_offset);
   case CLUSTER_COMPRESSED:
-    r = qcow2_pread_clamped (img, io, img->wcompressed, map->compressed_len,
+    if (qcow2_cache_get (img->cluster_cache, map->l2_entry, 0, out,
+                         cluster_size))
+      return 0;
+    r = qcow2_pread_clamped (img, io, ws->compressed, map->compressed_len,
                              map->host_offset);
     if (r < 0)
       return r;
-    if (qcow2_decode_cluster (img->wdecoder, img->header.compression_type,
-                              img->wcompressed, map->compressed_len,
-                              img->wbuf, cluster_size,
-                              err, sizeof err) < 0) {
+    if (qcow2_decode_cluster (ws->dec, img->header.compression_type,
+                              ws->compressed, map->compressed_len,
+                              out, cluster_size, err, sizeof err) < 0) {
       qcow2_error (img, "compressed cluster at guest offset 0x%" PRIx64
                    " (host offset 0x%" PRIx64 "): %s",
                    guest, map->host_offset, err);
@@ -97,184 +165,6 @@ read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
     return 0;
   }
   return -EIO;
-}
-
-/* Write SRC (LEN bytes) at PART_OFF inside guest cluster GUEST_CLUSTER,
- * whose L2 entry is at INDEX in table T.  SRC NULL writes zeros.
- */
-static int
-write_cluster (struct qcow2_image *img, struct qcow2_io *io,
-               struct data_run *run, struct meta_table *t, uint64_t index,
-               uint64_t guest_cluster, const uint8_t *src,
-               uint64_t part_off, uint64_t len)
-{
-  const uint32_t cluster_size = img->header.cluster_size;
-  uint64_t entry = be64 (t->data + index * 8);
-  struct cluster_map map;
-  uint64_t new_offset;
-  int r;
-
-  r = qcow2_classify (img, guest_cluster, entry, &map);
-  if (r < 0)
-    return r;
-
-  if (map.kind == CLUSTER_NORMAL && (entry & L2E_COPIED)) {
-    if (src)
-      return run_add (img, io, run, src, map.host_offset + part_off, len);
-    r = run_flush (img, io, run);
-    if (r == 0)
-      memset (img->wbuf, 0, len);
-    return r ? r : qcow2_pwrite_logged (img, io, img->wbuf, len,
-                                        map.host_offset + part_off);
-  }
-
-  r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &new_offset);
-  if (r < 0)
-    return r;
-  if (len == cluster_size && src)
-    r = run_add (img, io, run, src, new_offset, len);
-  else {
-    r = read_old_cluster (img, io, &map, guest_cluster << img->header.cluster_bits);
-    if (r == 0) {
-      if (src)
-        memcpy (img->wbuf + part_off, src, len);
-      else
-        memset (img->wbuf + part_off, 0, len);
-      r = run_flush (img, io, run);
-    }
-    if (r == 0)
-      r = qcow2_pwrite_logged (img, io, img->wbuf, cluster_size, new_offset);
-  }
-  if (r < 0) {
-    /* The new cluster is unreferenced; give it back at the next writeback. */
-    qcow2_free_later (img, new_offset, cluster_size, 0);
-    return r;
-  }
-  put_be64 (t->data + index * 8, new_offset | L2E_COPIED);
-  t->dirty = true;
-  return qcow2_release (img, &map);
-}
-
-/* Zero or trim [PART_OFF, PART_OFF+LEN) of guest cluster GC (its L2 entry
- * is at INDEX in T).  A whole cluster becomes a zero cluster on v3
- * (releasing what it held), unallocated on v2 without a backing file
- * (which reads as zeros), and is written with zeros on v2 with one.  Part
- * of a cluster is written with zeros when zeroing, left alone when
- * trimming.
- */
-static int
-zero_cluster (struct qcow2_image *img, struct qcow2_io *io,
-              struct data_run *run, enum qcow2_op op, struct meta_table *t,
-              uint64_t index, uint64_t gc, const struct cluster_map *map,
-              bool whole, uint64_t part_off, uint64_t len)
-{
-  bool v3 = img->header.version >= 3;
-
-  if (qcow2_reads_as_zeros (img, map))
-    return 0;
-  if (whole && (v3 || img->backing == NULL)) {
-    put_be64 (t->data + index * 8, v3 ? L2E_ZERO : 0);
-    t->dirty = true;
-    return qcow2_release (img, map);
-  }
-  if (op == QCOW2_OP_TRIM)
-    return 0;                   /* a trim is only a hint */
-  return write_cluster (img, io, run, t, index, gc, NULL, part_off, len);
-}
-
-int
-qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
-                    enum qcow2_op op, const uint8_t *buf, uint64_t count,
-                    uint64_t offset, uint64_t *done)
-{
-  const uint32_t bits = img->header.cluster_bits;
-  const uint64_t cluster_size = img->header.cluster_size;
-  const uint64_t end = offset + count;
-  struct data_run run = { 0 };
-  uint64_t pos = offset;
-  int r = 0, r2;
-
-  while (pos < end && r == 0) {
-    uint64_t gc = pos >> bits;
-    uint64_t cstart = gc << bits;
-    uint64_t hi = end < cstart + cluster_size ? end : cstart + cluster_size;
-    uint64_t l1_index = gc >> img->header.l2_bits;
-    uint64_t index = gc & ((UINT64_C (1) << img->header.l2_bits) - 1);
-    bool whole = pos == cstart && hi == cstart + cluster_size;
-    /* The last cluster of a disk whose size is not a multiple of the
-     * cluster size is whole once the request reaches the disk's end.
-     */
-    if (pos == cstart && hi == img->header.virtual_size)
-      whole = true;
-    struct meta_table *t;
-
-    if (op == QCOW2_OP_WRITE) {
-      r = qcow2_l2_for_write (img, io, l1_index, true, &t);
-      if (r == 0)
-        r = write_cluster (img, io, &run, t, index, gc,
-                           buf + (pos - offset), pos - cstart, hi - pos);
-    }
-    else {
-      /* Zero and trim: a cluster without an L2 table reads as zeros,
-       * unless a backing file shows through it.
-       */
-      r = qcow2_l2_for_write (img, io, l1_index, img->backing != NULL, &t);
-      if (r == 0 && t) {
-        uint64_t entry = be64 (t->data + index * 8);
-        struct cluster_map map;
-
-        r = qcow2_classify (img, gc, entry, &map);
-        if (r == 0)
-          r = zero_cluster (img, io, &run, op, t, index, gc, &map, whole,
-                            pos - cstart, hi - pos);
-      }
-    }
-    if (r == 0)
-      pos = hi;
-  }
-  *done = pos - offset;
-  /* Before a reclaim too: the L2 entries of the run point at its data. */
-  r2 = run_flush (img, io, &run);
-  if (r2 < 0 && (r == 0 || r == QCOW2_RECLAIM))
-    r = r2;
-  if (r == 0 && qcow2_too_much_dirty (img))
-    r = qcow2_writeback (img, io, false);
-  return r;
-}
-
-int
-qcow2_zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
-                         uint64_t count, uint64_t offset, bool *needs)
-{
-  const uint32_t bits = img->header.cluster_bits;
-  const uint64_t end = offset + count;
-  uint64_t edges[2] = { offset, end - 1 };
-  unsigned i;
-  int r;
-
-  /* A v2 image cannot say "zero" over a backing file: it writes zeros. */
-  *needs = img->header.version < 3 && img->backing != NULL;
-  for (i = 0; i < 2; ++i) {
-    uint64_t gc = edges[i] >> bits;
-    uint64_t cstart = gc << bits;
-    uint64_t cend = cstart + img->header.cluster_size;
-    uint64_t entry;
-    size_t n = 1;
-    struct cluster_map map;
-
-    if (cend > img->header.virtual_size)
-      cend = img->header.virtual_size;
-    if (offset <= cstart && end >= cend)
-      continue;                 /* whole: metadata only */
-    r = qcow2_l2_entries (img, io, gc, &n, &entry, NULL, img->wbuf);
-    if (r == 0)
-      r = qcow2_classify (img, gc, entry, &map);
-    if (r < 0)
-      return r;
-    if (!qcow2_reads_as_zeros (img, &map))
-      *needs = true;
-  }
-  return 0;
 }
 
 int
@@ -302,23 +192,320 @@ qcow2_release (struct qcow2_image *img, const struct cluster_map *map)
   return 0;
 }
 
-bool
-qcow2_reads_as_zeros (const struct qcow2_image *img,
-                      const struct cluster_map *map)
+/* ---------------------------------------------------------------- pieces */
+
+/* What [OFFSET, END) does to the N guest clusters from GC0 (one L2 table),
+ * into WS->piece: the entries as they are and the action for each.  With
+ * the image lock held (shared is enough).
+ */
+static int
+look_up (struct qcow2_image *img, struct qcow2_io *io,
+         struct write_scratch *ws, enum qcow2_op op, uint64_t offset,
+         uint64_t end, uint64_t gc0, size_t n)
 {
-  return map->kind == CLUSTER_ZERO ||
-    (map->kind == CLUSTER_UNALLOCATED && img->backing == NULL);
+  size_t got = n, i;
+  int r;
+
+  r = qcow2_l2_entries (img, io, gc0, &got, ws->entries, NULL, ws->l2buf);
+  if (r < 0)
+    return r;
+  for (i = 0; i < n; ++i) {
+    struct piece_cluster *pc = &ws->piece[i];
+    uint64_t part_off, len;
+    bool whole = cluster_part (img, gc0 + i, offset, end, &part_off, &len);
+
+    r = qcow2_classify (img, gc0 + i, ws->entries[i], &pc->old);
+    if (r < 0)
+      return r;
+    pc->action = decide (img, op, &pc->old, whole);
+    pc->new_host = 0;
+  }
+  return 0;
+}
+
+/* The data of the N clusters of the piece from GC0, written with no lock
+ * held: in place, or whole into the new clusters (with the old content
+ * around the new bytes).  BUF NULL writes zeros.
+ */
+static int
+write_piece_data (struct qcow2_image *img, struct qcow2_io *io,
+                  struct write_scratch *ws, const uint8_t *buf,
+                  uint64_t offset, uint64_t end, uint64_t gc0, size_t n)
+{
+  const uint32_t bits = img->header.cluster_bits;
+  const uint64_t cluster_size = img->header.cluster_size;
+  struct data_run run = { 0 };
+  size_t i;
+  int r = 0;
+
+  for (i = 0; i < n && r == 0; ++i) {
+    const struct piece_cluster *pc = &ws->piece[i];
+    uint64_t gc = gc0 + i, part_off, len;
+    const uint8_t *src;
+    uint8_t *merged;
+
+    if (pc->action != PIECE_IN_PLACE && pc->action != PIECE_NEW)
+      continue;
+    cluster_part (img, gc, offset, end, &part_off, &len);
+    src = buf ? buf + ((gc << bits) + part_off - offset) : img->zero_cluster;
+    if (pc->action == PIECE_IN_PLACE) {
+      r = qcow2_run_add (img, io, &run, src, pc->old.host_offset + part_off, len);
+      continue;
+    }
+    if (len == cluster_size) {
+      r = qcow2_run_add (img, io, &run, src, pc->new_host, len);
+      continue;
+    }
+    /* Only a request's first and last clusters are partial: a buffer
+     * each, so the run may still hold the first while the last is made.
+     */
+    merged = ws->cow[(gc << bits) + part_off == offset ? 0 : 1];
+    r = qcow2_read_old_cluster (img, io, ws, &pc->old, gc, merged);
+    if (r == 0) {
+      memcpy (merged + part_off, src, len);
+      r = qcow2_run_add (img, io, &run, merged, pc->new_host, cluster_size);
+    }
+  }
+  if (r == 0)
+    r = qcow2_run_flush (img, io, &run);
+  return r;
+}
+
+/* With the image lock held exclusively, once the data of the piece's new
+ * clusters was written (WRITTEN) or failed: point their entries at them
+ * and release what they held, or give the new clusters back.
+ */
+static int
+link_piece (struct qcow2_image *img, struct qcow2_io *io,
+            struct write_scratch *ws, uint64_t gc0, size_t n, bool written)
+{
+  const uint64_t l2_mask = (UINT64_C (1) << img->header.l2_bits) - 1;
+  struct meta_table *t = NULL;
+  size_t i;
+  int r = 0;
+
+  if (written)
+    r = qcow2_l2_for_write (img, io, gc0 >> img->header.l2_bits, false, &t);
+  if (r == 0 && written && t == NULL) {
+    qcow2_error (img, "internal error: the L2 table of guest cluster %"
+                 PRIu64 " went away", gc0);
+    r = -EIO;
+  }
+  for (i = 0; i < n; ++i) {
+    struct piece_cluster *pc = &ws->piece[i];
+
+    if (pc->action != PIECE_NEW || pc->new_host == 0)
+      continue;
+    if (r < 0 || !written) {
+      /* Never referenced: back at the next writeback. */
+      qcow2_free_later (img, pc->new_host, img->header.cluster_size, 0);
+      continue;
+    }
+    put_be64 (t->data + ((gc0 + i) & l2_mask) * 8, pc->new_host | L2E_COPIED);
+    t->dirty = true;
+    r = qcow2_release (img, &pc->old);
+  }
+  return r;
+}
+
+/* Change the clusters of [OFFSET, END) from *POS on, up to the end of a
+ * piece, and move *POS past what was changed.  0 with *POS unchanged
+ * means: look again (a claim this piece waited for has ended).
+ */
+static int
+change_piece (struct qcow2_image *img, struct qcow2_io *io,
+              struct write_scratch *ws, enum qcow2_op op, const uint8_t *buf,
+              uint64_t offset, uint64_t end, uint64_t *pos,
+              struct change_result *result)
+{
+  const uint32_t bits = img->header.cluster_bits;
+  const uint64_t l2_mask = (UINT64_C (1) << img->header.l2_bits) - 1;
+  const uint64_t gc0 = *pos >> bits;
+  const uint64_t l1_index = gc0 >> img->header.l2_bits;
+  uint64_t last = (end - 1) >> bits, ticket, piece_end;
+  struct qcow2_inflight_op reg;
+  struct qcow2_claim claim;
+  struct meta_table *t = NULL;
+  bool in_place = false, changes = false, allocates = false;
+  size_t n, i;
+  int r, stop = 0;
+
+  if (last > (gc0 | l2_mask))
+    last = gc0 | l2_mask;
+  if (last - gc0 >= QCOW2_PIECE_MAX)
+    last = gc0 + QCOW2_PIECE_MAX - 1;
+  n = last - gc0 + 1;
+
+  /* Writes in place change no metadata: the lock held shared is enough
+   * to see that no claim is on the clusters and that they stay where
+   * they are until the grace period begins.
+   */
+  pthread_rwlock_rdlock (&img->lock);
+  r = look_up (img, io, ws, op, offset, end, gc0, n);
+  for (i = 0; r == 0 && i < n; ++i) {
+    if (ws->piece[i].action == PIECE_IN_PLACE)
+      in_place = true;
+    else if (ws->piece[i].action != PIECE_NONE)
+      break;
+  }
+  if (r == 0 && i > 0 && !qcow2_inflight_claimed (&img->inflight, gc0,
+                                                  gc0 + i, &ticket)) {
+    n = i;
+    if (in_place) {
+      qcow2_inflight_enter (&img->inflight, &reg);
+      if (qcow2_l2_dirty (img, l1_index))
+        result->needs_writeback = true;
+    }
+    pthread_rwlock_unlock (&img->lock);
+    r = write_piece_data (img, io, ws, buf, offset, end, gc0, n);
+    if (in_place)
+      qcow2_inflight_leave (&img->inflight, &reg);
+    goto done;
+  }
+  pthread_rwlock_unlock (&img->lock);
+  if (r < 0)
+    return r;
+
+  /* Anything else is decided with the lock held exclusively. */
+  in_place = false;
+  pthread_rwlock_wrlock (&img->lock);
+  if (qcow2_inflight_claimed (&img->inflight, gc0, gc0 + n, &ticket)) {
+    pthread_rwlock_unlock (&img->lock);
+    qcow2_inflight_wait_claim (&img->inflight, ticket);
+    return 0;
+  }
+  r = look_up (img, io, ws, op, offset, end, gc0, n);
+  for (i = 0; r == 0 && i < n; ++i) {
+    struct piece_cluster *pc = &ws->piece[i];
+
+    if (pc->action == PIECE_NONE)
+      continue;
+    if (pc->action == PIECE_IN_PLACE) {
+      in_place = true;
+      continue;
+    }
+    if (t == NULL)
+      r = qcow2_l2_for_write (img, io, l1_index, true, &t);
+    if (r == 0 && pc->action == PIECE_NEW) {
+      r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &pc->new_host);
+      if (r == 0)
+        allocates = true;
+    }
+    else if (r == 0) {
+      put_be64 (t->data + ((gc0 + i) & l2_mask) * 8,
+                img->header.version >= 3 ? L2E_ZERO : 0);
+      t->dirty = true;
+      r = qcow2_release (img, &pc->old);
+    }
+    if (r == 0)
+      changes = true;
+  }
+  if (r == QCOW2_RECLAIM) {
+    /* Do what was decided up to here; the caller reclaims room. */
+    stop = r;
+    r = 0;
+    n = i - 1;
+  }
+  if (r < 0) {
+    link_piece (img, io, ws, gc0, i, false);
+    pthread_rwlock_unlock (&img->lock);
+    return r;
+  }
+  if (n == 0) {
+    pthread_rwlock_unlock (&img->lock);
+    return stop;
+  }
+  if (allocates)
+    qcow2_inflight_claim (&img->inflight, &claim, gc0, gc0 + n);
+  if (in_place) {
+    qcow2_inflight_enter (&img->inflight, &reg);
+    if (qcow2_l2_dirty (img, l1_index))
+      result->needs_writeback = true;
+  }
+  if (changes)
+    result->needs_writeback = true;
+  if (!allocates && qcow2_too_much_dirty (img))
+    result->too_much_dirty = true;
+  pthread_rwlock_unlock (&img->lock);
+
+  r = write_piece_data (img, io, ws, buf, offset, end, gc0, n);
+  if (in_place)
+    qcow2_inflight_leave (&img->inflight, &reg);
+
+  if (allocates) {
+    int r2;
+
+    pthread_rwlock_wrlock (&img->lock);
+    r2 = link_piece (img, io, ws, gc0, n, r == 0);
+    qcow2_inflight_unclaim (&img->inflight, &claim);
+    if (qcow2_too_much_dirty (img))
+      result->too_much_dirty = true;
+    pthread_rwlock_unlock (&img->lock);
+    if (r == 0)
+      r = r2;
+  }
+
+ done:
+  if (r < 0)
+    return r;
+  piece_end = (gc0 + n) << bits;
+  *pos = piece_end < end ? piece_end : end;
+  return stop;
 }
 
 int
-qcow2_write_cluster (struct qcow2_image *img, struct qcow2_io *io,
-                     struct meta_table *t, uint64_t index,
-                     uint64_t guest_cluster, const uint8_t *src,
-                     uint64_t part_off, uint64_t len)
+qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
+                    enum qcow2_op op, const uint8_t *buf, uint64_t count,
+                    uint64_t offset, uint64_t *done,
+                    struct change_result *result)
 {
-  struct data_run run = { 0 };
-  int r = write_cluster (img, io, &run, t, index, guest_cluster, src,
-                         part_off, len);
+  const uint64_t end = offset + count;
+  struct write_scratch *ws = qcow2_scratch_get (img);
+  uint64_t pos = offset;
+  int r = 0;
 
-  return r ? r : run_flush (img, io, &run);
+  *done = 0;
+  if (ws == NULL)
+    return -ENOMEM;
+  while (pos < end && r == 0)
+    r = change_piece (img, io, ws, op, buf, offset, end, &pos, result);
+  *done = pos - offset;
+  qcow2_scratch_put (img, ws);
+  return r;
+}
+
+int
+qcow2_zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
+                         uint64_t count, uint64_t offset, bool *needs)
+{
+  const uint32_t bits = img->header.cluster_bits;
+  const uint64_t end = offset + count;
+  uint64_t edges[2] = { offset, end - 1 };
+  struct write_scratch *ws;
+  unsigned i;
+  int r = 0;
+
+  /* A v2 image cannot say "zero" over a backing file: it writes zeros. */
+  *needs = img->header.version < 3 && img->backing != NULL;
+  ws = qcow2_scratch_get (img);
+  if (ws == NULL)
+    return -ENOMEM;
+  pthread_rwlock_rdlock (&img->lock);
+  for (i = 0; i < 2 && r == 0; ++i) {
+    uint64_t gc = edges[i] >> bits;
+    uint64_t part_off, len;
+    size_t n = 1;
+    struct cluster_map map;
+
+    if (cluster_part (img, gc, offset, end, &part_off, &len))
+      continue;                 /* whole: metadata only */
+    r = qcow2_l2_entries (img, io, gc, &n, ws->entries, NULL, ws->l2buf);
+    if (r == 0)
+      r = qcow2_classify (img, gc, ws->entries[0], &map);
+    if (r == 0 && !qcow2_reads_as_zeros (img, &map))
+      *needs = true;
+  }
+  pthread_rwlock_unlock (&img->lock);
+  qcow2_scratch_put (img, ws);
+  return r;
 }

@@ -18,6 +18,7 @@
 struct dedup_slot {
   uint64_t hash;
   uint64_t entry;               /* compressed L2 entry; 0: empty */
+  bool pending;                 /* its data is still being written */
 };
 
 /* One slot per guest cluster, within these bounds (16 bytes each). */
@@ -114,19 +115,27 @@ qcow2_dedup_free (struct qcow2_image *img)
  */
 #define WAYS 4
 
+/* The set of slots HASH may sit in; with the dedup lock held. */
+static struct dedup_slot *
+set_of (struct qcow2_image *img, uint64_t hash)
+{
+  return &img->dedup[hash & img->dedup_mask & ~(uint64_t) (WAYS - 1)];
+}
+
 uint64_t
-qcow2_dedup_find (struct qcow2_image *img, uint64_t hash)
+qcow2_dedup_find (struct qcow2_image *img, uint64_t hash, bool *pending)
 {
   uint64_t entry = 0;
   unsigned way;
 
+  *pending = false;
   pthread_mutex_lock (&img->dedup_lock);
   if (img->dedup) {
-    const struct dedup_slot *set = &img->dedup[hash & img->dedup_mask
-                                               & ~(uint64_t) (WAYS - 1)];
+    const struct dedup_slot *set = set_of (img, hash);
     for (way = 0; way < WAYS; ++way)
       if (set[way].entry && set[way].hash == hash) {
         entry = set[way].entry;
+        *pending = set[way].pending;
         break;
       }
   }
@@ -135,14 +144,14 @@ qcow2_dedup_find (struct qcow2_image *img, uint64_t hash)
 }
 
 void
-qcow2_dedup_remember (struct qcow2_image *img, uint64_t hash, uint64_t entry)
+qcow2_dedup_remember (struct qcow2_image *img, uint64_t hash, uint64_t entry,
+                      bool pending)
 {
   unsigned way, pick;
 
   pthread_mutex_lock (&img->dedup_lock);
   if (img->dedup) {
-    struct dedup_slot *set = &img->dedup[hash & img->dedup_mask
-                                         & ~(uint64_t) (WAYS - 1)];
+    struct dedup_slot *set = set_of (img, hash);
     /* The slot already holding HASH, else an empty one, else one picked
      * by bits of the hash that did not choose the set.
      */
@@ -153,28 +162,109 @@ qcow2_dedup_remember (struct qcow2_image *img, uint64_t hash, uint64_t entry)
     for (way = 0; way < WAYS; ++way)
       if (set[way].entry && set[way].hash == hash)
         pick = way;
-    set[pick] = (struct dedup_slot) { .hash = hash, .entry = entry };
+    set[pick] = (struct dedup_slot) {
+      .hash = hash, .entry = entry, .pending = pending,
+    };
   }
   pthread_mutex_unlock (&img->dedup_lock);
 }
 
+/* The slot holding ENTRY for HASH, or NULL; with the dedup lock held. */
+static struct dedup_slot *
+slot_of (struct qcow2_image *img, uint64_t hash, uint64_t entry)
+{
+  struct dedup_slot *set;
+  unsigned way;
+
+  if (img->dedup == NULL)
+    return NULL;
+  set = set_of (img, hash);
+  for (way = 0; way < WAYS; ++way)
+    if (set[way].entry == entry && set[way].hash == hash)
+      return &set[way];
+  return NULL;
+}
+
+void
+qcow2_dedup_written (struct qcow2_image *img, uint64_t hash, uint64_t entry)
+{
+  struct dedup_slot *slot;
+
+  pthread_mutex_lock (&img->dedup_lock);
+  slot = slot_of (img, hash, entry);
+  if (slot)
+    slot->pending = false;
+  pthread_mutex_unlock (&img->dedup_lock);
+}
+
+void
+qcow2_dedup_forget (struct qcow2_image *img, uint64_t hash, uint64_t entry)
+{
+  struct dedup_slot *slot;
+
+  pthread_mutex_lock (&img->dedup_lock);
+  slot = slot_of (img, hash, entry);
+  if (slot)
+    *slot = (struct dedup_slot) { 0 };
+  pthread_mutex_unlock (&img->dedup_lock);
+}
+
 int
-qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
-                   uint64_t guest_cluster, uint64_t entry,
-                   const uint8_t *src, uint32_t src_len)
+qcow2_dedup_verify (struct qcow2_image *img, struct qcow2_io *io,
+                    struct write_scratch *ws, uint64_t guest_cluster,
+                    uint64_t entry, const uint8_t *src, uint32_t src_len)
 {
   const uint32_t cluster_size = img->header.cluster_size;
+  uint8_t *data = ws->cow[1];
   struct cluster_map map;
-  uint64_t start, len, first, last, c, refcount;
   char err[256];
   int r;
 
   if (qcow2_classify (img, guest_cluster, entry, &map) < 0 ||
       map.kind != CLUSTER_COMPRESSED)
     return -EIO;
+  r = qcow2_pread_clamped (img, io, ws->compressed, map.compressed_len,
+                           map.host_offset);
+  if (r < 0)
+    return r;
+  if (qcow2_decode_cluster (ws->dec, img->header.compression_type,
+                            ws->compressed, map.compressed_len,
+                            data, cluster_size, err, sizeof err) < 0)
+    return 0;
+  /* The disk's last cluster was compressed zero padded. */
+  return memcmp (data, src, src_len) == 0 &&
+    (src_len == cluster_size ||
+     (data[src_len] == 0 &&
+      memcmp (data + src_len, data + src_len + 1,
+              cluster_size - src_len - 1) == 0));
+}
+
+/* The host clusters compressed ENTRY is counted in: [*FIRST, *LAST]. */
+static int
+span_clusters (struct qcow2_image *img, uint64_t entry, uint64_t *first,
+               uint64_t *last)
+{
+  struct cluster_map map;
+  uint64_t start, len;
+
+  if (qcow2_classify (img, 0, entry, &map) < 0 ||
+      map.kind != CLUSTER_COMPRESSED)
+    return -EIO;
   qcow2_compressed_span (&map, &start, &len);
-  first = start >> img->header.cluster_bits;
-  last = (start + len - 1) >> img->header.cluster_bits;
+  *first = start >> img->header.cluster_bits;
+  *last = (start + len - 1) >> img->header.cluster_bits;
+  return 0;
+}
+
+int
+qcow2_dedup_can_reference (struct qcow2_image *img, struct qcow2_io *io,
+                           uint64_t entry)
+{
+  uint64_t first, last, c, refcount;
+  int r = span_clusters (img, entry, &first, &last);
+
+  if (r < 0)
+    return r;
   for (c = first; c <= last; ++c) {
     r = qcow2_refcount_get (img, io, c, &refcount);
     if (r < 0)
@@ -183,30 +273,21 @@ qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
     if (refcount == 0 || refcount >= img->rc.max_refcount)
       return 0;
   }
+  return 1;
+}
 
-  r = qcow2_pread_clamped (img, io, img->wcompressed, map.compressed_len,
-                           map.host_offset);
-  if (r < 0)
-    return r;
-  if (qcow2_decode_cluster (img->wdecoder, img->header.compression_type,
-                            img->wcompressed, map.compressed_len,
-                            img->wbuf, cluster_size, err, sizeof err) < 0)
-    return 0;
-  /* The disk's last cluster was compressed zero padded. */
-  if (memcmp (img->wbuf, src, src_len) != 0 ||
-      (src_len < cluster_size &&
-       (img->wbuf[src_len] != 0 ||
-        memcmp (img->wbuf + src_len, img->wbuf + src_len + 1,
-                cluster_size - src_len - 1) != 0)))
-    return 0;
+int
+qcow2_dedup_reference (struct qcow2_image *img, struct qcow2_io *io,
+                       uint64_t entry)
+{
+  uint64_t first, last, c;
+  int r = span_clusters (img, entry, &first, &last);
 
-  for (c = first; c <= last; ++c) {
+  for (c = first; r == 0 && c <= last; ++c) {
     r = qcow2_refcount_add (img, io, c, 1, NULL);
-    if (r < 0) {
+    if (r < 0)
       while (c-- > first)
         qcow2_refcount_add (img, io, c, -1, NULL);
-      return r;
-    }
   }
-  return 1;
+  return r;
 }

@@ -28,8 +28,10 @@
 #include "qcow2-endian.h"
 #include "qcow2-header.h"
 #include "qcow2-hostio.h"
+#include "qcow2-inflight.h"
 #include "qcow2-map.h"
 #include "qcow2-refcount.h"
+#include "qcow2-scratch.h"
 #include "qcow2-tablemap.h"
 
 static int
@@ -86,10 +88,8 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
     return r;
   qcow2_alloc_init (img);
   img->l1_dirty = calloc (h->l1_size ? h->l1_size : 1, 1);
-  img->wbuf = malloc (h->cluster_size);
-  img->wcompressed = malloc (2 * (size_t) h->cluster_size);
-  img->wdecoder = qcow2_decoder_new ();
-  if (!img->l1_dirty || !img->wbuf || !img->wcompressed || !img->wdecoder) {
+  img->zero_cluster = calloc (1, h->cluster_size);
+  if (!img->l1_dirty || !img->zero_cluster) {
     qcow2_error (img, "out of memory for the write state");
     return -ENOMEM;
   }
@@ -106,6 +106,23 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
     img->header.autoclear_features = 0;
   }
   return 0;
+}
+
+/* The image lock is held only briefly, by many readers at once: a
+ * writer waiting for it goes before readers that come after it, so that
+ * a stream of reads cannot hold a write back.  No thread takes one
+ * image's lock twice.
+ */
+static void
+init_lock (pthread_rwlock_t *lock)
+{
+  pthread_rwlockattr_t attr;
+
+  pthread_rwlockattr_init (&attr);
+  pthread_rwlockattr_setkind_np (&attr,
+                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init (lock, &attr);
+  pthread_rwlockattr_destroy (&attr);
 }
 
 /* Everything qcow2_header_check_features refuses but a backing file,
@@ -140,7 +157,10 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   if (log)
     img->log = *log;
   img->opts = *opts;
-  pthread_rwlock_init (&img->lock, NULL);
+  init_lock (&img->lock);
+  pthread_mutex_init (&img->writeback_lock, NULL);
+  qcow2_inflight_init (&img->inflight);
+  pthread_mutex_init (&img->scratch_lock, NULL);
   pthread_mutex_init (&img->compressors_lock, NULL);
   pthread_mutex_init (&img->dedup_lock, NULL);
 
@@ -269,14 +289,16 @@ qcow2_image_close (struct qcow2_image *img)
   qcow2_alloc_free (img);
   tablemap_clear (&img->dirty_l2);
   free (img->l1_dirty);
-  free (img->wbuf);
-  free (img->wcompressed);
-  qcow2_decoder_free (img->wdecoder);
+  free (img->zero_cluster);
+  qcow2_scratch_free_all (img);
   qcow2_compress_free (img);
   qcow2_dedup_free (img);
   free (img->l1);
   pthread_mutex_destroy (&img->compressors_lock);
   pthread_mutex_destroy (&img->dedup_lock);
+  pthread_mutex_destroy (&img->scratch_lock);
+  qcow2_inflight_destroy (&img->inflight);
+  pthread_mutex_destroy (&img->writeback_lock);
   pthread_rwlock_destroy (&img->lock);
   free (img);
 }

@@ -9,8 +9,14 @@
  * decodes.  A small read that continues the previous one starts the
  * readahead (qcow2-readahead.h).
  *
- * Implements qcow2_read and qcow2_prefetch (qcow2.h, the contract), which
- * hold the image lock shared.
+ * Implements qcow2_read and qcow2_prefetch (qcow2.h, the contract).  The
+ * image lock is held shared only while a batch of L2 entries is fetched;
+ * the reads underneath, the decoding and the backing file's reads run
+ * without it.  The read is registered for a grace period from its first
+ * lookup until its last read underneath (and its last decode into the
+ * cluster cache), so that no cluster it looked up is handed out again
+ * meanwhile (qcow2-inflight.h).  A read therefore never waits for a
+ * write's data, nor for a writeback's I/O.
  */
 
 #include <config.h>
@@ -23,6 +29,7 @@
 #include "qcow2-chunk.h"
 #include "qcow2-conn.h"
 #include "qcow2-hostio.h"
+#include "qcow2-inflight.h"
 #include "qcow2-map.h"
 #include "qcow2-readahead.h"
 
@@ -119,6 +126,8 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
   uint64_t entries[ENTRY_BATCH], bitmaps[ENTRY_BATCH];
   uint64_t pos = offset;
   uint64_t kinds[4] = { 0 }, cache_hits = 0;
+  struct qcow2_inflight_op reg;
+  bool registered = false;
   struct request *req;
   int r = 0, r2;
 
@@ -137,7 +146,6 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
   req->cur = 0;
   req->run_len = 0;
   atomic_fetch_add_explicit (&img->active_reads, 1, memory_order_relaxed);
-  pthread_rwlock_rdlock (&img->lock);
 
   while (pos < end && r == 0) {
     uint64_t first = pos >> bits;
@@ -145,7 +153,13 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
     size_t n = last - first + 1 < ENTRY_BATCH ? last - first + 1 : ENTRY_BATCH;
     size_t i;
 
+    pthread_rwlock_rdlock (&img->lock);
+    if (!registered) {
+      qcow2_inflight_enter (&img->inflight, &reg);
+      registered = true;
+    }
     r = qcow2_l2_entries (img, io, first, &n, entries, bitmaps, req->l2buf);
+    pthread_rwlock_unlock (&img->lock);
     for (i = 0; i < n && r == 0; ++i) {
       uint64_t cstart = (first + i) << bits;
       uint64_t lo = pos > cstart ? pos : cstart;
@@ -234,7 +248,8 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
   r2 = qcow2_chunk_finish (conn, req, &req->chunk[1]);
   if (r == 0)
     r = r2;
-  pthread_rwlock_unlock (&img->lock);
+  if (registered)
+    qcow2_inflight_leave (&img->inflight, &reg);
   atomic_fetch_sub_explicit (&img->active_reads, 1, memory_order_relaxed);
   qcow2_conn_request_put (conn, req);
   return r;

@@ -3,6 +3,8 @@
 
 #include <config.h>
 
+#include <pthread.h>
+
 #include "qcow2-readahead.h"
 #include "qcow2-cache.h"
 #include "qcow2-chunk.h"
@@ -22,6 +24,7 @@ qcow2_readahead (struct qcow2_conn *conn, struct request *req,
   uint64_t entries[ENTRY_BATCH];
   size_t n = QCOW2_READAHEAD_BYTES >> bits, i;
   struct chunk *c;
+  int r;
 
   if (img->header.virtual_size == 0 || first > last_cluster)
     return;
@@ -37,7 +40,15 @@ qcow2_readahead (struct qcow2_conn *conn, struct request *req,
     n = ENTRY_BATCH;
   if (n > last_cluster - first + 1)
     n = last_cluster - first + 1;
-  if (qcow2_l2_entries (img, io, first, &n, entries, NULL, req->l2buf) < 0)
+  /* The decoding may outlast the read that started it (and its grace
+   * period): what it puts into the cache is checked against releases
+   * applied since these entries were looked up.
+   */
+  pthread_rwlock_rdlock (&img->lock);
+  c->generation = atomic_load (&img->free_generation);
+  r = qcow2_l2_entries (img, io, first, &n, entries, NULL, req->l2buf);
+  pthread_rwlock_unlock (&img->lock);
+  if (r < 0)
     goto out;
   for (i = 0; i < n && c->njobs < QCOW2_MAX_CHUNK_CLUSTERS; ++i) {
     struct cluster_map map;
@@ -58,7 +69,6 @@ qcow2_readahead (struct qcow2_conn *conn, struct request *req,
   if (c->njobs == 0 || qcow2_chunk_fetch (img, io, c, 1) < 0)
     goto out;
   c->readahead = true;
-  c->generation = atomic_load (&img->free_generation);
   c->in_flight = true;
   qcow2_conn_submit (conn, &c->batch);
  out:

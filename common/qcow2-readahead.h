@@ -8,8 +8,10 @@
  * cache.
  *
  * Offers: qcow2_readahead, QCOW2_READAHEAD_BYTES.
- * Locks: the caller holds the image lock (shared); the decoding may
- * finish after it is gone, and then puts nothing into the cache for
+ * Locks: takes the image lock (shared) itself to look up the entries, so
+ * the caller holds none; the caller is a read registered for a grace
+ * period, which covers the read underneath.  The decoding may finish
+ * after that read has returned, and then puts nothing into the cache for
  * clusters released meanwhile (the image's free_generation).
  * Needs: the connection (its readahead chunk and pool), the chunks, the
  * map, the cluster cache.

@@ -292,78 +292,150 @@ qcow2_refcount_place_table (struct qcow2_image *img, uint64_t offset,
   rc->table_moved = true;
 }
 
-struct writeback_ctx {
+struct snapshot_ctx {
   struct qcow2_image *img;
-  struct qcow2_io *io;
-  unsigned written;
+  struct refcount_snapshot *snap;
+  size_t capacity;
 };
 
 static int
-write_block (void *opaque, struct meta_table *t)
+count_dirty (void *opaque, struct meta_table *t)
 {
-  struct writeback_ctx *ctx = opaque;
-  int r;
+  size_t *n = opaque;
 
-  if (!t->dirty)
+  *n += t->dirty;
+  return 0;
+}
+
+static int
+copy_block (void *opaque, struct meta_table *t)
+{
+  struct snapshot_ctx *ctx = opaque;
+  struct refcount_snapshot *snap = ctx->snap;
+  const size_t cluster_size = ctx->img->header.cluster_size;
+
+  if (!t->dirty || snap->nblocks == ctx->capacity)
     return 0;
-  r = qcow2_pwrite_logged (ctx->img, ctx->io, t->data,
-                           ctx->img->header.cluster_size, t->offset);
-  if (r < 0)
-    return r;
+  memcpy (snap->data + snap->nblocks * cluster_size, t->data, cluster_size);
+  snap->blocks[snap->nblocks++] = t;
   t->dirty = false;
-  ctx->written++;
   return 0;
 }
 
 int
-qcow2_refcount_writeback (struct qcow2_image *img, struct qcow2_io *io)
+qcow2_refcount_snapshot (struct qcow2_image *img,
+                         struct refcount_snapshot *snap)
 {
   struct refcounts *rc = &img->rc;
-  struct writeback_ctx ctx = { .img = img, .io = io };
-  uint8_t header_fields[12];
-  uint8_t *buf;
+  struct snapshot_ctx ctx = { .img = img, .snap = snap };
+  size_t n = 0;
   uint64_t i;
+
+  memset (snap, 0, sizeof *snap);
+  tablemap_each (&rc->blocks, count_dirty, &n);
+  if (n) {
+    snap->blocks = malloc (n * sizeof *snap->blocks);
+    snap->data = malloc (n * (size_t) img->header.cluster_size);
+    if (snap->blocks == NULL || snap->data == NULL)
+      goto nomem;
+  }
+  if (rc->table_dirty) {
+    snap->table_bytes = rc->table_entries * 8;
+    snap->table = malloc (snap->table_bytes);
+    if (snap->table == NULL)
+      goto nomem;
+    for (i = 0; i < rc->table_entries; ++i)
+      put_be64 (snap->table + 8 * i, rc->table[i]);
+    snap->table_offset = rc->table_offset;
+    snap->table_clusters = rc->table_clusters;
+    snap->table_moved = rc->table_moved;
+    rc->table_dirty = false;
+    rc->table_moved = false;
+  }
+  ctx.capacity = n;
+  tablemap_each (&rc->blocks, copy_block, &ctx);
+  return 0;
+
+ nomem:
+  free (snap->blocks);
+  free (snap->data);
+  memset (snap, 0, sizeof *snap);
+  qcow2_error (img, "out of memory writing the refcounts back");
+  return -ENOMEM;
+}
+
+int
+qcow2_refcount_write (struct qcow2_image *img, struct qcow2_io *io,
+                      const struct refcount_snapshot *snap)
+{
+  const size_t cluster_size = img->header.cluster_size;
+  uint8_t header_fields[12];
+  size_t i;
   int r;
 
-  r = tablemap_each (&rc->blocks, write_block, &ctx);
-  if (r < 0)
-    return r;
-  if (!rc->table_dirty)
+  for (i = 0; i < snap->nblocks; ++i) {
+    r = qcow2_pwrite_logged (img, io, snap->data + i * cluster_size,
+                             cluster_size, snap->blocks[i]->offset);
+    if (r < 0)
+      return r;
+  }
+  if (snap->table == NULL)
     return 0;
 
   /* New blocks must be on disk before the table points at them. */
-  if (ctx.written) {
+  if (snap->nblocks) {
     r = qcow2_flush_logged (img, io);
     if (r < 0)
       return r;
   }
-  buf = malloc (rc->table_entries * 8);
-  if (buf == NULL) {
-    qcow2_error (img, "out of memory writing the refcount table");
-    return -ENOMEM;
-  }
-  for (i = 0; i < rc->table_entries; ++i)
-    put_be64 (buf + 8 * i, rc->table[i]);
-  r = qcow2_pwrite_logged (img, io, buf, rc->table_entries * 8,
-                           rc->table_offset);
-  free (buf);
+  r = qcow2_pwrite_logged (img, io, snap->table, snap->table_bytes,
+                           snap->table_offset);
+  if (r < 0 || !snap->table_moved)
+    return r;
+
+  /* The whole new table must be durable before the header names it. */
+  r = qcow2_flush_logged (img, io);
   if (r < 0)
     return r;
-  rc->table_dirty = false;
+  put_be64 (header_fields, snap->table_offset);
+  put_be32 (header_fields + 8, snap->table_clusters);
+  return qcow2_pwrite_logged (img, io, header_fields, sizeof header_fields,
+                              48);
+}
 
-  if (rc->table_moved) {
-    /* The whole new table must be durable before the header names it. */
-    r = qcow2_flush_logged (img, io);
-    if (r < 0)
-      return r;
-    put_be64 (header_fields, rc->table_offset);
-    put_be32 (header_fields + 8, rc->table_clusters);
-    r = qcow2_pwrite_logged (img, io, header_fields, sizeof header_fields, 48);
-    if (r < 0)
-      return r;
-    img->header.refcount_table_offset = rc->table_offset;
-    img->header.refcount_table_clusters = rc->table_clusters;
-    rc->table_moved = false;
+void
+qcow2_refcount_snapshot_done (struct qcow2_image *img,
+                              struct refcount_snapshot *snap, bool written)
+{
+  struct refcounts *rc = &img->rc;
+  size_t i;
+
+  if (written && snap->table_moved) {
+    img->header.refcount_table_offset = snap->table_offset;
+    img->header.refcount_table_clusters = snap->table_clusters;
   }
-  return 0;
+  if (!written) {
+    for (i = 0; i < snap->nblocks; ++i)
+      snap->blocks[i]->dirty = true;
+    if (snap->table) {
+      rc->table_dirty = true;
+      /* Moved again since is still moved. */
+      rc->table_moved |= snap->table_moved;
+    }
+  }
+  free (snap->blocks);
+  free (snap->data);
+  free (snap->table);
+  memset (snap, 0, sizeof *snap);
+}
+
+bool
+qcow2_refcount_dirty (struct qcow2_image *img)
+{
+  size_t n = 0;
+
+  if (img->rc.table_dirty)
+    return true;
+  tablemap_each (&img->rc.blocks, count_dirty, &n);
+  return n > 0;
 }

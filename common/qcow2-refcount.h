@@ -9,8 +9,9 @@
  * and when a release may be applied is the allocator's (qcow2-alloc.h).
  *
  * Offers: loading, reading and changing counts, making a block, growing
- * and moving the table, the writeback of blocks and table.
- * Locks: every call with the image lock held exclusively.
+ * and moving the table, snapshots of blocks and table and their writing.
+ * Locks: every call with the image lock held exclusively, but
+ * qcow2_refcount_write, which needs none.
  * Needs: host I/O.
  */
 #ifndef QCOW2_REFCOUNT_H
@@ -65,11 +66,43 @@ int qcow2_refcount_resize_table (struct qcow2_image *img, uint64_t entries);
 void qcow2_refcount_place_table (struct qcow2_image *img, uint64_t offset,
                                  uint32_t clusters);
 
-/* Write the changed blocks, then (if it changed) the table, and (if it
- * moved) the header's refcount table fields, with a flush before each of
- * the last two.  The caller flushes afterwards.  0, or -errno after
- * logging.
+/* A copy of the changed refcount blocks and table, to write while the
+ * counts in memory go on changing.
  */
-int qcow2_refcount_writeback (struct qcow2_image *img, struct qcow2_io *io);
+struct refcount_snapshot {
+  size_t nblocks;
+  struct meta_table **blocks; /* the blocks copied (they stay in memory) */
+  uint8_t *data;              /* their contents, a cluster each */
+  uint8_t *table;             /* the table, big-endian, or NULL */
+  uint64_t table_bytes;
+  uint64_t table_offset;
+  uint32_t table_clusters;
+  bool table_moved;           /* the header must name it */
+};
+
+/* Copy what changed into *SNAP and count it as clean (with the image lock
+ * held exclusively).  0, or -ENOMEM after logging (nothing copied).
+ */
+int qcow2_refcount_snapshot (struct qcow2_image *img,
+                             struct refcount_snapshot *snap);
+
+/* Write SNAP (no lock needed): the blocks, then, if the table is in it,
+ * a flush (if blocks were written) and the table, and if it moved a
+ * flush and the header's refcount table fields.  The caller flushes
+ * afterwards.  0, or -errno after logging.
+ */
+int qcow2_refcount_write (struct qcow2_image *img, struct qcow2_io *io,
+                          const struct refcount_snapshot *snap);
+
+/* After qcow2_refcount_write (with the image lock held exclusively): if
+ * it failed (WRITTEN false), what SNAP held counts as changed again.
+ * Frees SNAP.
+ */
+void qcow2_refcount_snapshot_done (struct qcow2_image *img,
+                                   struct refcount_snapshot *snap,
+                                   bool written);
+
+/* Is anything changed and not copied by a snapshot? */
+bool qcow2_refcount_dirty (struct qcow2_image *img);
 
 #endif /* QCOW2_REFCOUNT_H */

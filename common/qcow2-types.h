@@ -9,17 +9,29 @@
  * The lock order.  A thread that holds one of these locks takes only
  * locks further down the list, never one above:
  *
- *   1. qcow2_image.lock (rwlock): writers exclusive, readers shared.  An
- *      image's lock comes before the lock of its backing file's image
- *      (a read through the backing chain takes them top down).
+ *   0. qcow2_image.writeback_lock: one metadata writeback at a time
+ *      (qcow2-writeback.c), taken with no other lock held.
+ *   1. qcow2_image.lock (rwlock): the metadata.  Held exclusively to
+ *      change it, shared to look it up, and only for that: never across
+ *      guest data I/O, compression or decompression, nor across the
+ *      writeback's I/O.  An image's lock comes before the lock of its
+ *      backing file's image (a read through the chain takes them top
+ *      down; a copy-on-write reads the backing file with neither held).
  *   2. qcow2_image.dedup_lock: the table of compressed clusters.
  *   3. a connection's lock (its free lists of requests and batches), then
  *      its readahead lock (only ever tried, never waited for).
  *   4. a pool's lock (qcow2-pool.c): queued batches, finished jobs.
  *   5. a cache shard's lock (qcow2-cache.c).
  *
- * qcow2_image.compressors_lock guards the start of the compressor
- * threads and is held with no other lock.
+ * Leaves, held with no lock taken inside them: qcow2_image.inflight's
+ * lock (qcow2-inflight.c), qcow2_image.scratch_lock (qcow2-scratch.c),
+ * and qcow2_image.compressors_lock, which guards the start of the
+ * compressor threads and is held with no other lock.
+ *
+ * Waiting.  Nothing waits for a claim or a grace period (qcow2-inflight.h)
+ * with the image lock held, or while it holds a claim or is registered
+ * for a grace period itself; nothing waits for the writeback lock in
+ * those states either, since the writeback waits for grace periods.
  */
 #ifndef QCOW2_TYPES_H
 #define QCOW2_TYPES_H
@@ -31,6 +43,7 @@
 #include <stdint.h>
 
 #include "qcow2.h"
+#include "qcow2-inflight.h"
 #include "qcow2-pool.h"
 #include "qcow2-tablemap.h"
 
@@ -41,12 +54,21 @@ struct backing;
 struct dedup_slot;
 
 /* A range of host bytes whose clusters lose one reference once the
- * metadata that stopped pointing at them is on disk.
+ * metadata that stopped pointing at them is on disk, and once no
+ * operation that may still touch them is in flight (MARK has passed:
+ * qcow2-inflight.h).
  */
 struct pending_free {
   uint64_t offset;
   uint64_t length;
   uint64_t cache_key;         /* cluster cache key to drop, or 0 */
+  uint64_t mark;              /* qcow2_inflight_mark when queued */
+};
+
+/* Releases taken out of the allocator's queue by a writeback. */
+struct pending_list {
+  struct pending_free *frees;
+  size_t count;
 };
 
 /* The refcounts in memory, loaded when the image is opened for writing
@@ -78,13 +100,17 @@ struct allocator {
   uint64_t window_next, window_end;
   struct pending_free *pending;
   size_t npending, pending_cap;
+  size_t in_writeback;        /* taken by the writeback, not applied yet */
 };
 
 struct qcow2_image {
   struct qcow2_header header;
   struct qcow2_log log;
   struct qcow2_options opts;
-  uint64_t file_size;
+  /* Grows (growable storage) under the lock held exclusively, when
+   * clusters are allocated; read anywhere.
+   */
+  _Atomic uint64_t file_size;
   uint64_t *l1;                       /* host order, l1_size entries */
   struct qcow2_cache *l2_cache;       /* raw big-endian L2 tables */
   struct qcow2_cache *cluster_cache;  /* decompressed clusters */
@@ -96,10 +122,18 @@ struct qcow2_image {
   uint64_t csize_mask;
   uint64_t coffset_mask;
 
-  /* Writers hold it exclusively, readers shared: a read never sees an
-   * L2 table or the L1 table half changed.
+  /* Held exclusively to change the metadata below, shared to look it
+   * up: a lookup never sees an L2 table or the L1 table half changed.
+   * Never held across guest data I/O (see the lock order above).
    */
   pthread_rwlock_t lock;
+  /* One metadata writeback at a time (qcow2-writeback.c). */
+  pthread_mutex_t writeback_lock;
+  /* Reads and writes between their lookup and their last I/O, and the
+   * guest clusters whose new host clusters are being written
+   * (qcow2-inflight.h).
+   */
+  struct qcow2_inflight inflight;
 
   /* Write state (opts.writable), changed only under the lock held
    * exclusively.
@@ -112,10 +146,12 @@ struct qcow2_image {
   struct tablemap dirty_l2;
   uint8_t *l1_dirty;          /* per L1 entry: changed since written */
   bool l1_any_dirty;
-  /* Scratch for whoever holds the lock exclusively. */
-  uint8_t *wbuf;              /* one cluster */
-  uint8_t *wcompressed;       /* the largest compressed range */
-  struct qcow2_decoder *wdecoder;
+  /* Buffers of the writes in progress (qcow2-scratch.c), and one
+   * cluster of zeros that nothing writes.
+   */
+  pthread_mutex_t scratch_lock;
+  struct write_scratch *free_scratch;
+  uint8_t *zero_cluster;
 
   /* The backing file (qcow2-backing.c), NULL when unallocated clusters
    * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros
@@ -131,7 +167,6 @@ struct qcow2_image {
    */
   pthread_mutex_t compressors_lock;
   struct qcow2_pool *compressors;
-  struct qcow2_encoder *wencoder;     /* under the lock, when sharing failed */
 
   /* Compressed clusters by the hash of their data (qcow2-dedup.c). */
   pthread_mutex_t dedup_lock;
@@ -168,6 +203,35 @@ struct cluster_map {
   uint64_t host_offset;       /* normal: cluster start; compressed: byte */
   uint64_t compressed_len;    /* compressed: bytes in the range */
   uint64_t l2_entry;          /* the raw entry (cache key) */
+};
+
+/* Most guest clusters one write looks at and changes between two
+ * sections under the image lock (a piece: qcow2-cluster.c).
+ */
+#define QCOW2_PIECE_MAX 512
+
+/* What a piece does to one of its guest clusters (qcow2-cluster.c). */
+struct piece_cluster {
+  struct cluster_map old;     /* what its L2 entry held */
+  uint64_t new_host;          /* the host cluster (or compressed bytes)
+                                 allocated for it, or 0 */
+  uint64_t entry;             /* compressed: the entry it gets, or 0 */
+  int action;                 /* what is done: qcow2-cluster.c and
+                                 qcow2-compress.c each have their enum */
+};
+
+/* What one write uses outside the image lock; the image keeps them on
+ * a free list (qcow2-scratch.c), so a write allocates nothing.
+ */
+struct write_scratch {
+  struct write_scratch *next_free;
+  uint8_t *cow[2];            /* a cluster each: old content around new bytes */
+  uint8_t *compressed;        /* the largest compressed range */
+  uint8_t *l2buf;             /* a cluster: an L2 table read for a lookup */
+  struct qcow2_decoder *dec;
+  struct qcow2_encoder *enc;  /* made on first use */
+  uint64_t entries[QCOW2_PIECE_MAX];
+  struct piece_cluster piece[QCOW2_PIECE_MAX];
 };
 
 /* What each thread that decodes keeps: a connection's pool workers, and
@@ -237,6 +301,10 @@ struct request {
 #define QCOW2_COMPRESS_ALL_ZERO INT64_MIN        /* every byte is zero */
 #define QCOW2_COMPRESS_DUPLICATE (INT64_MIN + 1)  /* dedup[i] is to be
                                                      checked and shared */
+#define QCOW2_COMPRESS_PENDING (INT64_MIN + 2)    /* sharing failed: to be
+                                                     compressed now */
+/* In dedup[i]: a copy was tried and could not be shared; try no other. */
+#define QCOW2_DEDUP_NO_SHARE 1
 struct compress_ctx {
   struct compress_ctx *next_free;
   struct qcow2_image *img;
@@ -248,7 +316,10 @@ struct compress_ctx {
                                    DUPLICATE */
   uint64_t *hash;               /* qcow2_dedup_hash; 0: last, partial */
   uint64_t *dedup;              /* an L2 entry that may hold the same
-                                   data (the writer looked), or 0 */
+                                   data (the writer looked), 0, or
+                                   QCOW2_DEDUP_NO_SHARE */
+  uint64_t verified_generation; /* free_generation before the DUPLICATE
+                                   clusters' copies were read back */
   uint8_t *out;                 /* capacity * cluster_size */
   _Atomic int failed;
   char errmsg[400];

@@ -2,14 +2,17 @@
 /* qcow2zstd engine: writes, zeroes and trims.
  *
  * Implements qcow2_write, qcow2_zero and qcow2_trim (qcow2.h, the
- * contract).  Every change runs with the image lock held exclusively; the
- * metadata it changes reaches the disk in the order qcow2-writeback.h
- * describes.  With compression on, whole clusters are compressed before
- * the lock is taken (qcow2-compress.h), the parts of clusters at either
- * end of a write take the plain path (qcow2-cluster.h).  When the file
- * is full but released clusters wait for a writeback, the paths below
- * answer QCOW2_RECLAIM (qcow2-alloc.h) and this file does the writeback
- * and goes on.
+ * contract).  The paths below take the image lock only to decide and
+ * write the data without it (qcow2-cluster.h); the metadata they change
+ * reaches the disk in the order qcow2-writeback.h describes.  With
+ * compression on, whole clusters are compressed and their compressed
+ * data written with no lock held, and only placed under it
+ * (qcow2-compress.h); the parts of clusters at either end of a write
+ * take the plain path.  When the file is full but released clusters wait
+ * for a writeback, the paths answer QCOW2_RECLAIM (qcow2-alloc.h) and
+ * this file does the writeback, holding nothing, and goes on.  FUA: a
+ * write that changed no metadata, into clusters whose metadata is on
+ * disk, only flushes the device; anything else writes the metadata back.
  */
 
 #include <config.h>
@@ -24,12 +27,13 @@
 #include "qcow2-conn.h"
 #include "qcow2-dedup.h"
 #include "qcow2-hostio.h"
+#include "qcow2-scratch.h"
 #include "qcow2-writeback.h"
 
 /* The allocator answered QCOW2_RECLAIM: the file is full, but clusters
  * released since the last writeback wait for it before they may be
  * reused.  The writeback applies those releases; the caller then goes on
- * from where it stopped, holding no L2 table from before.
+ * from where it stopped.  It holds no lock, claim or grace period here.
  */
 static int
 reclaim (struct qcow2_image *img, struct qcow2_io *io)
@@ -44,13 +48,14 @@ reclaim (struct qcow2_image *img, struct qcow2_io *io)
  */
 static int
 change (struct qcow2_image *img, struct qcow2_io *io, enum qcow2_op op,
-        const uint8_t *buf, uint64_t count, uint64_t offset)
+        const uint8_t *buf, uint64_t count, uint64_t offset,
+        struct change_result *result)
 {
   uint64_t done;
   int r;
 
   for (;;) {
-    r = qcow2_change_range (img, io, op, buf, count, offset, &done);
+    r = qcow2_change_range (img, io, op, buf, count, offset, &done, result);
     if (r != QCOW2_RECLAIM || (r = reclaim (img, io)) < 0)
       return r;
     if (buf)
@@ -77,12 +82,13 @@ check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
   return 0;
 }
 
-/* Compress the batch outside the lock, then place it under the lock. */
+/* Compress the batch (no lock held), then place it. */
 static int
 flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
-                      uint64_t first_gc)
+                      uint64_t first_gc, struct change_result *result)
 {
   struct qcow2_image *img = ctx->img;
+  struct write_scratch *ws;
   size_t step = 0;
   int r;
 
@@ -91,13 +97,13 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
   r = qcow2_compress_run (ctx);
   if (r < 0)
     return r;
-  pthread_rwlock_wrlock (&img->lock);
+  ws = qcow2_scratch_get (img);
+  if (ws == NULL)
+    return -ENOMEM;
   do
-    r = qcow2_compress_place (img, io, ctx, first_gc, &step);
+    r = qcow2_compress_place (img, io, ctx, ws, first_gc, &step, result);
   while (r == QCOW2_RECLAIM && (r = reclaim (img, io)) == 0);
-  if (r == 0 && qcow2_too_much_dirty (img))
-    r = qcow2_writeback (img, io, false);
-  pthread_rwlock_unlock (&img->lock);
+  qcow2_scratch_put (img, ws);
   ctx->count = 0;
   return r;
 }
@@ -108,7 +114,8 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
  */
 static int
 write_compressed (struct qcow2_conn *conn, struct qcow2_io *io,
-                  const uint8_t *buf, uint64_t count, uint64_t offset)
+                  const uint8_t *buf, uint64_t count, uint64_t offset,
+                  struct change_result *result)
 {
   struct qcow2_image *img = qcow2_conn_image (conn);
   const uint32_t bits = img->header.cluster_bits;
@@ -146,24 +153,27 @@ write_compressed (struct qcow2_conn *conn, struct qcow2_io *io,
       if (cend - cstart == cluster_size) {
         ctx->hash[ctx->count] = qcow2_dedup_hash (ctx->src[ctx->count],
                                                   cluster_size);
-        ctx->dedup[ctx->count] = qcow2_dedup_find (img,
-                                                   ctx->hash[ctx->count]);
+        bool pending;
+        ctx->dedup[ctx->count] = qcow2_dedup_find (img, ctx->hash[ctx->count],
+                                                   &pending);
+        /* A copy still being written is waited for when placing. */
+        if (pending)
+          ctx->dedup[ctx->count] = 0;
       }
       ctx->count++;
       pos = cend;
       if (ctx->count == ctx->capacity)
-        r = flush_compress_batch (io, ctx, batch_gc);
+        r = flush_compress_batch (io, ctx, batch_gc, result);
       continue;
     }
-    r = flush_compress_batch (io, ctx, batch_gc);
+    r = flush_compress_batch (io, ctx, batch_gc, result);
     if (r < 0)
       break;
-    pthread_rwlock_wrlock (&img->lock);
-    r = change (img, io, QCOW2_OP_WRITE, buf + (pos - offset), hi - pos, pos);
-    pthread_rwlock_unlock (&img->lock);
+    r = change (img, io, QCOW2_OP_WRITE, buf + (pos - offset), hi - pos, pos,
+                result);
     pos = hi;
   }
-  r2 = flush_compress_batch (io, ctx, batch_gc);
+  r2 = flush_compress_batch (io, ctx, batch_gc, result);
   if (r == 0)
     r = r2;
   qcow2_conn_batch_put (conn, ctx);
@@ -197,11 +207,30 @@ flush_data_early (struct qcow2_image *img, struct qcow2_io *io)
   return r;
 }
 
+/* After a change: a FUA request makes it durable (a write in place into
+ * clusters whose metadata is on disk only needs the device flushed), and
+ * metadata that piled up is written back.
+ */
+static int
+finish_change (struct qcow2_image *img, struct qcow2_io *io, bool fua,
+               const struct change_result *result)
+{
+  int r = 0;
+
+  if (fua)
+    r = result->needs_writeback ? qcow2_writeback (img, io, true)
+      : qcow2_flush_logged (img, io);
+  else if (result->too_much_dirty)
+    r = qcow2_writeback_if_idle (img, io);
+  return r;
+}
+
 int
 qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
              const void *buf, uint64_t count, uint64_t offset, bool fua)
 {
   struct qcow2_image *img = qcow2_conn_image (conn);
+  struct change_result result = { false, false };
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)
@@ -209,18 +238,12 @@ qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
   qcow2_debug_if (img, QCOW2_DEBUG_MAP, "write 0x%" PRIx64 "+%" PRIu64 "%s%s",
                   offset, count, img->opts.compress ? " (compressing)" : "",
                   fua ? " FUA" : "");
-  if (img->opts.compress) {
-    r = write_compressed (conn, io, buf, count, offset);
-    if (r == 0 && fua)
-      r = qcow2_flush (img, io);
-  }
-  else {
-    pthread_rwlock_wrlock (&img->lock);
-    r = change (img, io, QCOW2_OP_WRITE, buf, count, offset);
-    if (r == 0 && fua)
-      r = qcow2_writeback (img, io, true);
-    pthread_rwlock_unlock (&img->lock);
-  }
+  if (img->opts.compress)
+    r = write_compressed (conn, io, buf, count, offset, &result);
+  else
+    r = change (img, io, QCOW2_OP_WRITE, buf, count, offset, &result);
+  if (r == 0)
+    r = finish_change (img, io, fua, &result);
   if (r == 0)
     r = flush_data_early (img, io);
   return r;
@@ -230,11 +253,11 @@ int
 qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
             uint64_t count, uint64_t offset, bool fast, bool fua)
 {
+  struct change_result result = { false, false };
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)
     return r;
-  pthread_rwlock_wrlock (&img->lock);
   if (fast) {
     bool needs;
     r = qcow2_zero_needs_writes (img, io, count, offset, &needs);
@@ -242,10 +265,9 @@ qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
       r = -ENOTSUP;
   }
   if (r == 0)
-    r = change (img, io, QCOW2_OP_ZERO, NULL, count, offset);
-  if (r == 0 && fua)
-    r = qcow2_writeback (img, io, true);
-  pthread_rwlock_unlock (&img->lock);
+    r = change (img, io, QCOW2_OP_ZERO, NULL, count, offset, &result);
+  if (r == 0)
+    r = finish_change (img, io, fua, &result);
   return r;
 }
 
@@ -253,15 +275,13 @@ int
 qcow2_trim (struct qcow2_image *img, struct qcow2_io *io,
             uint64_t count, uint64_t offset, bool fua)
 {
+  struct change_result result = { false, false };
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)
     return r;
-  pthread_rwlock_wrlock (&img->lock);
-  r = change (img, io, QCOW2_OP_TRIM, NULL, count, offset);
-  if (r == 0 && fua)
-    r = qcow2_writeback (img, io, true);
-  pthread_rwlock_unlock (&img->lock);
+  r = change (img, io, QCOW2_OP_TRIM, NULL, count, offset, &result);
+  if (r == 0)
+    r = finish_change (img, io, fua, &result);
   return r;
 }
-

@@ -3,8 +3,8 @@
  *
  * Changed L2 tables (the dirty set), the changed L1 entries and the
  * refcounts stay in memory until qcow2_flush, or until too much has piled
- * up; then they are written in the order that keeps the image consistent
- * on disk at every moment (see qcow2-writeback.h).
+ * up; then a copy of them is written in the order that keeps the image
+ * consistent on disk at every moment (see qcow2-writeback.h).
  */
 
 #include <config.h>
@@ -20,6 +20,7 @@
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
+#include "qcow2-inflight.h"
 #include "qcow2-refcount.h"
 #include "qcow2-tablemap.h"
 
@@ -83,7 +84,10 @@ qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
   if (t == NULL)
     goto nomem;
   t->offset = offset;
-  t->dirty = true;
+  /* Written back only once an entry changes: a zero or trim of what
+   * reads as zeros already changes nothing on disk.
+   */
+  t->dirty = false;
   if (!qcow2_cache_get (img->l2_cache, offset, 0, t->data, h->cluster_size)) {
     r = qcow2_pread_clamped (img, io, t->data, h->cluster_size, offset);
     if (r < 0) {
@@ -114,130 +118,294 @@ qcow2_too_much_dirty (struct qcow2_image *img)
     qcow2_pending_frees (img) > MAX_PENDING_FREES;
 }
 
-struct l2_writeback {
-  struct qcow2_image *img;
-  struct qcow2_io *io;
+bool
+qcow2_l2_dirty (struct qcow2_image *img, uint64_t l1_index)
+{
+  uint64_t offset = img->l1[l1_index] & L1E_OFFSET_MASK;
+
+  return img->l1_dirty[l1_index] ||
+    (offset && tablemap_find (&img->dirty_l2, offset) != NULL);
+}
+
+/* -------------------------------------------------- the copy written */
+
+/* What one writeback writes: a copy of every changed L2 table and L1
+ * entry, the refcounts' own copy, and the releases queued before the
+ * copy was made (the copy no longer points at any of them).
+ */
+struct snapshot {
+  struct refcount_snapshot rc;
+  size_t nl2;
+  struct meta_table **l2;         /* the tables copied (in the dirty set) */
+  uint8_t *l2_data;               /* their contents, a cluster each */
+  size_t nl1;
+  uint32_t *l1_index;             /* the changed L1 entries, rising */
+  uint8_t *l1_data;               /* their values, big-endian */
+  struct pending_list frees;
+};
+
+struct l2_copy {
+  struct snapshot *s;
+  size_t capacity;
+  size_t cluster_size;
 };
 
 static int
-write_l2 (void *opaque, struct meta_table *t)
+count_dirty_l2 (void *opaque, struct meta_table *t)
 {
-  struct l2_writeback *ctx = opaque;
-  int r;
+  size_t *n = opaque;
 
-  if (!t->dirty)
-    return 0;
-  r = qcow2_pwrite_logged (ctx->img, ctx->io, t->data,
-                           ctx->img->header.cluster_size, t->offset);
-  if (r == 0)
-    t->dirty = false;
-  return r;
+  *n += t->dirty;
+  return 0;
 }
 
-/* Written L2 tables leave the dirty set for the shared read cache. */
 static int
-retire_l2 (struct qcow2_image *img)
+copy_l2 (void *opaque, struct meta_table *t)
+{
+  struct l2_copy *c = opaque;
+  struct snapshot *s = c->s;
+
+  if (!t->dirty || s->nl2 == c->capacity)
+    return 0;
+  memcpy (s->l2_data + s->nl2 * c->cluster_size, t->data, c->cluster_size);
+  s->l2[s->nl2++] = t;
+  t->dirty = false;
+  return 0;
+}
+
+static void
+snapshot_free (struct snapshot *s)
+{
+  free (s->l2);
+  free (s->l2_data);
+  free (s->l1_index);
+  free (s->l1_data);
+  s->l2 = NULL;
+  s->l2_data = s->l1_data = NULL;
+  s->l1_index = NULL;
+  s->nl2 = s->nl1 = 0;
+}
+
+/* With the image lock held exclusively: copy what changed into *S and
+ * count it clean, and take the queued releases.  On -ENOMEM (logged)
+ * nothing is taken.
+ */
+static int
+snapshot_take (struct qcow2_image *img, struct snapshot *s)
+{
+  const size_t cluster_size = img->header.cluster_size;
+  struct l2_copy c = { .s = s, .cluster_size = cluster_size };
+  size_t nl2 = 0, nl1 = 0;
+  uint32_t i;
+  int r;
+
+  memset (s, 0, sizeof *s);
+  tablemap_each (&img->dirty_l2, count_dirty_l2, &nl2);
+  if (img->l1_any_dirty)
+    for (i = 0; i < img->header.l1_size; ++i)
+      nl1 += img->l1_dirty[i];
+  if (nl2) {
+    s->l2 = malloc (nl2 * sizeof *s->l2);
+    s->l2_data = malloc (nl2 * cluster_size);
+    if (s->l2 == NULL || s->l2_data == NULL)
+      goto nomem;
+  }
+  if (nl1) {
+    s->l1_index = malloc (nl1 * sizeof *s->l1_index);
+    s->l1_data = malloc (nl1 * 8);
+    if (s->l1_index == NULL || s->l1_data == NULL)
+      goto nomem;
+  }
+  r = qcow2_refcount_snapshot (img, &s->rc);
+  if (r < 0) {
+    snapshot_free (s);
+    return r;
+  }
+
+  c.capacity = nl2;
+  tablemap_each (&img->dirty_l2, copy_l2, &c);
+  for (i = 0; s->nl1 < nl1; ++i)
+    if (img->l1_dirty[i]) {
+      s->l1_index[s->nl1] = i;
+      put_be64 (s->l1_data + 8 * s->nl1, img->l1[i]);
+      s->nl1++;
+      img->l1_dirty[i] = 0;
+    }
+  img->l1_any_dirty = false;
+  qcow2_take_frees (img, &s->frees);
+  return 0;
+
+ nomem:
+  snapshot_free (s);
+  qcow2_error (img, "out of memory writing the metadata back");
+  return -ENOMEM;
+}
+
+static int
+write_l2 (struct qcow2_image *img, struct qcow2_io *io,
+          const struct snapshot *s)
+{
+  const size_t cluster_size = img->header.cluster_size;
+  size_t i;
+  int r;
+
+  for (i = 0; i < s->nl2; ++i) {
+    r = qcow2_pwrite_logged (img, io, s->l2_data + i * cluster_size,
+                             cluster_size, s->l2[i]->offset);
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
+static int
+write_l1 (struct qcow2_image *img, struct qcow2_io *io,
+          const struct snapshot *s)
+{
+  size_t i = 0, j;
+  int r;
+
+  while (i < s->nl1) {
+    /* A run of consecutive entries, in one write. */
+    for (j = i + 1; j < s->nl1 && s->l1_index[j] == s->l1_index[j - 1] + 1; ++j)
+      ;
+    r = qcow2_pwrite_logged (img, io, s->l1_data + 8 * i, 8 * (j - i),
+                             img->header.l1_table_offset +
+                             8 * (uint64_t) s->l1_index[i]);
+    if (r < 0)
+      return r;
+    i = j;
+  }
+  return 0;
+}
+
+/* With the image lock held exclusively, after the copy was written
+ * (WRITTEN) or not: tables that stayed clean since leave the dirty set
+ * for the read cache; if the copy was not written, what it held counts
+ * as changed again.  The releases are the caller's.
+ */
+static void
+snapshot_done (struct qcow2_image *img, struct snapshot *s, bool written)
 {
   size_t i;
 
-  for (i = 0; i < img->dirty_l2.capacity; ) {
-    struct meta_table *t = img->dirty_l2.slots[i];
-    if (t && !t->dirty) {
-      qcow2_cache_put (img->l2_cache, t->offset, t->data);
-      free (tablemap_remove (&img->dirty_l2, t->offset));
-      continue;                 /* the removal may have moved another here */
-    }
-    i++;
+  qcow2_refcount_snapshot_done (img, &s->rc, written);
+  if (!written) {
+    for (i = 0; i < s->nl2; ++i)
+      s->l2[i]->dirty = true;
+    for (i = 0; i < s->nl1; ++i)
+      img->l1_dirty[s->l1_index[i]] = 1;
+    if (s->nl1)
+      img->l1_any_dirty = true;
   }
-  return 0;
+  else {
+    for (i = 0; i < img->dirty_l2.capacity; ) {
+      struct meta_table *t = img->dirty_l2.slots[i];
+      if (t && !t->dirty) {
+        qcow2_cache_put (img->l2_cache, t->offset, t->data);
+        free (tablemap_remove (&img->dirty_l2, t->offset));
+        continue;             /* the removal may have moved another here */
+      }
+      i++;
+    }
+  }
+  snapshot_free (s);
 }
 
+/* ---------------------------------------------------------- writeback */
+
+/* The writeback, with img->writeback_lock held. */
 static int
-write_l1 (struct qcow2_image *img, struct qcow2_io *io)
+writeback_serialized (struct qcow2_image *img, struct qcow2_io *io,
+                      bool flush_underneath)
 {
-  uint32_t i = 0, n = img->header.l1_size;
-  uint8_t *buf = img->wbuf;
-  uint64_t per_buf = img->header.cluster_size / 8;
+  struct snapshot s;
+  bool releases;
   int r;
 
-  while (i < n) {
-    uint32_t start, j;
+  pthread_rwlock_wrlock (&img->lock);
+  r = snapshot_take (img, &s);
+  pthread_rwlock_unlock (&img->lock);
+  if (r < 0)
+    return r;
+  releases = s.frees.count > 0;
 
-    if (!img->l1_dirty[i]) {
-      i++;
-      continue;
+  /* 1. Increments: refcount blocks, table, header. */
+  r = qcow2_refcount_write (img, io, &s.rc);
+
+  /* 2. L2 tables, then L1, each only after what it points at is durable:
+   * the data (written before its entry was changed) and the increments.
+   */
+  if (r == 0 && (s.nl2 || s.nl1)) {
+    r = qcow2_flush_logged (img, io);
+    if (r == 0)
+      r = write_l2 (img, io, &s);
+    if (r == 0 && s.nl1) {
+      r = qcow2_flush_logged (img, io);
+      if (r == 0)
+        r = write_l1 (img, io, &s);
     }
-    /* A run of dirty entries, at most a buffer's worth. */
-    start = i;
-    for (j = 0; i < n && img->l1_dirty[i] && j < per_buf; ++i, ++j)
-      put_be64 (buf + 8 * j, img->l1[i]);
-    r = qcow2_pwrite_logged (img, io, buf, 8 * (uint64_t) j,
-                             img->header.l1_table_offset + 8 * (uint64_t) start);
-    if (r < 0)
-      return r;
-    memset (img->l1_dirty + start, 0, j);
   }
-  img->l1_any_dirty = false;
-  return 0;
+
+  /* 3. Decrements, once nothing on disk points at those clusters and no
+   * read or write that looked them up before is still in flight.
+   */
+  if (r == 0 && releases) {
+    qcow2_inflight_wait (&img->inflight, qcow2_frees_mark (&s.frees));
+    r = qcow2_flush_logged (img, io);
+  }
+  pthread_rwlock_wrlock (&img->lock);
+  snapshot_done (img, &s, r == 0);
+  if (releases) {
+    if (r == 0)
+      r = qcow2_apply_frees (img, io, &s.frees);
+    else
+      qcow2_return_frees (img, &s.frees);
+    if (r == 0)
+      r = qcow2_refcount_snapshot (img, &s.rc);
+  }
+  pthread_rwlock_unlock (&img->lock);
+  if (r == 0 && releases) {
+    r = qcow2_refcount_write (img, io, &s.rc);
+    pthread_rwlock_wrlock (&img->lock);
+    qcow2_refcount_snapshot_done (img, &s.rc, r == 0);
+    pthread_rwlock_unlock (&img->lock);
+    flush_underneath = true;
+  }
+
+  if (r == 0 && flush_underneath)
+    r = qcow2_flush_logged (img, io);
+  return r;
 }
 
 int
 qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
                  bool flush_underneath)
 {
-  struct l2_writeback ctx = { .img = img, .io = io };
-  bool l2_dirty = img->dirty_l2.count > 0;
   int r;
 
-  /* 1. Increments: refcount blocks, table, header. */
-  r = qcow2_refcount_writeback (img, io);
-  if (r < 0)
-    return r;
+  pthread_mutex_lock (&img->writeback_lock);
+  r = writeback_serialized (img, io, flush_underneath);
+  pthread_mutex_unlock (&img->writeback_lock);
+  return r;
+}
 
-  /* 2. L2 tables, then L1, each only after what it points at is durable. */
-  if (l2_dirty || img->l1_any_dirty) {
-    r = qcow2_flush_logged (img, io);
-    if (r < 0)
-      return r;
-    r = tablemap_each (&img->dirty_l2, write_l2, &ctx);
-    if (r < 0)
-      return r;
-    retire_l2 (img);
-    if (img->l1_any_dirty) {
-      r = qcow2_flush_logged (img, io);
-      if (r == 0)
-        r = write_l1 (img, io);
-      if (r < 0)
-        return r;
-    }
-  }
+int
+qcow2_writeback_if_idle (struct qcow2_image *img, struct qcow2_io *io)
+{
+  int r;
 
-  /* 3. Decrements, now that nothing on disk points at those clusters. */
-  if (qcow2_pending_frees (img)) {
-    r = qcow2_flush_logged (img, io);
-    if (r == 0)
-      r = qcow2_apply_frees (img, io);
-    if (r == 0)
-      r = qcow2_refcount_writeback (img, io);
-    if (r < 0)
-      return r;
-    flush_underneath = true;
-  }
-
-  if (flush_underneath)
-    r = qcow2_flush_logged (img, io);
+  if (pthread_mutex_trylock (&img->writeback_lock) != 0)
+    return 0;
+  r = writeback_serialized (img, io, false);
+  pthread_mutex_unlock (&img->writeback_lock);
   return r;
 }
 
 int
 qcow2_flush (struct qcow2_image *img, struct qcow2_io *io)
 {
-  int r;
-
   if (!img->opts.writable)
     return 0;
-  pthread_rwlock_wrlock (&img->lock);
-  r = qcow2_writeback (img, io, true);
-  pthread_rwlock_unlock (&img->lock);
-  return r;
+  return qcow2_writeback (img, io, true);
 }

@@ -135,7 +135,7 @@ model_trim (struct run *r, uint64_t offset, uint64_t len)
 static void
 check_durable (struct run *r, const char *what)
 {
-  char ctx[300];
+  char ctx[400];
 
   snprintf (ctx, sizeof ctx, "%s: durable after %s", r->ctx, what);
   check_file (r->s.mio.durable, r->s.mio.size, false, ctx);
@@ -143,11 +143,41 @@ check_durable (struct run *r, const char *what)
                       ctx);
 }
 
+/* What a FUA request wrote must be durable: its range (for a trim, the
+ * whole clusters it made read as zeros) reads from the durable storage
+ * as the model says, and that storage is consistent.  Earlier requests
+ * without FUA need not be durable yet.
+ */
+static void
+check_durable_request (struct run *r, const char *what, uint64_t offset,
+                       uint64_t len, bool trim)
+{
+  struct qcow2_options opts = default_options;
+  uint64_t end = offset + len;
+  struct session d;
+  char ctx[400];
+
+  snprintf (ctx, sizeof ctx, "%s: durable after %s", r->ctx, what);
+  check_file (r->s.mio.durable, r->s.mio.size, false, ctx);
+  opts.writable = false;
+  CHECK_EQ (session_open (&d, r->s.mio.durable, r->s.mio.size, &opts), 0);
+  if (d.conn && !trim)
+    matches_model (&d, r->model, offset, len, ctx);
+  for (uint64_t k = offset / r->C; d.conn && trim && k * r->C < end; ++k) {
+    uint64_t cstart = k * r->C, cend = cstart + r->C;
+    if (cend > r->vsize)
+      cend = r->vsize;
+    if (offset <= cstart && end >= cend)
+      matches_model (&d, r->model, cstart, cend - cstart, ctx);
+  }
+  session_close (&d);
+}
+
 static void
 one_op (struct run *r, unsigned i)
 {
   uint64_t offset, len, v = rng (&r->state) % 20;
-  bool fua = rng (&r->state) % 16 == 0;
+  bool fua = rng (&r->state) % 16 == 0, trim = false;
   char what[100];
   int ret;
 
@@ -172,6 +202,7 @@ one_op (struct run *r, unsigned i)
   }
   else if (v < 14) {
     ret = do_trim (&r->s, len, offset, fua);
+    trim = true;
     CHECK_EQ (ret, 0);
     if (ret == 0)
       model_trim (r, offset, len);
@@ -193,7 +224,7 @@ one_op (struct run *r, unsigned i)
     return;
   }
   if (fua && ret == 0)
-    check_durable (r, what);
+    check_durable_request (r, what, offset, len, trim);
   else if (i % 25 == 0)
     check_file (r->s.mio.durable, r->s.mio.size, false, what);
 }
