@@ -69,7 +69,7 @@ worker_main (void *arg)
   pthread_mutex_lock (&pool->lock);
   for (;;) {
     struct qcow2_batch *batch;
-    size_t index;
+    size_t index = 0;
 
     while (!pool->stopping && pool->head == NULL)
       pthread_cond_wait (&pool->work_ready, &pool->lock);

@@ -49,6 +49,15 @@ if [ "${SANITIZERS:-no}" = yes ]; then
         "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 fi
 
+# Under --enable-tsan (gcc's ThreadSanitizer) the same: nbdkit runs with
+# the runtime preloaded, so that the filter's threads, locks and
+# accesses are watched (nbdkit's own code is not: it is not built with
+# it).  A report makes nbdkit exit 66 at its end (TSAN_OPTIONS from the
+# Makefile), which stop_server turns into a test failure.
+if [ "${TSAN:-no}" = yes ]; then
+    NBDKIT_ENV=(env "LD_PRELOAD=$(${CC:-gcc} -print-file-name=libtsan.so)")
+fi
+
 # VALGRIND=1 (make check-valgrind) runs every server under valgrind; a
 # server that valgrind found an invalid access or a leak in exits 99,
 # which stop_server turns into a test failure.
@@ -164,6 +173,10 @@ stop_server ()
         if [ "$status" = 99 ]; then
             cat "$SERVER_LOG" >&2
             fail "valgrind found errors in the server (see above)"
+        fi
+        if [ "$status" = 66 ] || grep -q '^WARNING: ThreadSanitizer' "$SERVER_LOG"; then
+            cat "$SERVER_LOG" >&2
+            fail "ThreadSanitizer reported the server (see above)"
         fi
     fi
 }
