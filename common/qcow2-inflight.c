@@ -108,7 +108,7 @@ qcow2_inflight_claimed (struct qcow2_inflight *f, uint64_t first,
   bool claimed = false;
 
   pthread_mutex_lock (&f->lock);
-  for (c = f->claims; c; c = c->next)
+  for (c = first < end ? f->claims : NULL; c; c = c->next)
     if (c->first < end && first < c->end) {
       claimed = true;
       break;

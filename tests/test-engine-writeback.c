@@ -11,16 +11,22 @@
  *   of what it depends on (an L2 table on data and refcounts, the L1
  *   table on L2 tables, ...);
  * - the storage as of every flush, plus any subset of the writes after
- *   it, is consistent: no cluster referenced beyond its refcount.
+ *   it, is consistent: no cluster referenced beyond its refcount;
+ * - an overwrite in place changes no metadata: its flush is only a
+ *   flush, and so is its FUA, unless its L2 table is not on disk yet;
+ * - with writes, zeroes, trims, reads and flushes from several threads at
+ *   once, every crash state is still consistent and the data is right.
  */
 #include <config.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "qcow2.h"
 #include "session.h"
@@ -381,6 +387,231 @@ test_durability (void)
   free (model);
 }
 
+/* ------------------------------------------------ writes in place */
+
+/* The ops from START to the end of S's log, as a sequence. */
+static void
+ops_since (struct session *s, size_t start, char *seq, size_t len)
+{
+  int *kind = classify_log (&s->mio);
+
+  sequence (&s->mio, kind, start, s->mio.nops, seq, len);
+  free (kind);
+}
+
+/* An overwrite of a cluster the image alone owns, whose L2 table is on
+ * disk, writes its data and nothing else: the next flush is only a
+ * flush, and with FUA the request is its data and a flush.  Once a new
+ * cluster is allocated in the same L2 table (not written back yet), a
+ * FUA overwrite also writes the metadata back: what it wrote must be
+ * reachable after a crash, and the table holding its entry may be new.
+ */
+static void
+test_in_place (void)
+{
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, MiB, 4 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t *model = xcalloc (1, MiB);
+  struct session s;
+  size_t start;
+  char seq[200];
+
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (model);
+    return;
+  }
+  fill_pattern (model, 8 * KiB, 8);
+  CHECK_EQ (do_write (&s, model, 8 * KiB, 0, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+
+  fill_pattern (model + 100, 512, 9);
+  start = s.mio.nops;
+  CHECK_EQ (do_write (&s, model + 100, 512, 100, false), 0);
+  ops_since (&s, start, seq, sizeof seq);
+  CHECK (strcmp (seq, "D") == 0);
+  expect_flush (&s, "F", "after an overwrite in place");
+
+  fill_pattern (model + 4096 + 7, 1000, 10);
+  start = s.mio.nops;
+  CHECK_EQ (do_write (&s, model + 4096 + 7, 1000, 4096 + 7, true), 0);
+  ops_since (&s, start, seq, sizeof seq);
+  CHECK (strcmp (seq, "D F") == 0);
+  if (strcmp (seq, "D F") != 0)
+    fprintf (stderr, "  a FUA overwrite in place wrote %s, expected D F\n",
+             seq);
+  CHECK (file_matches_model (s.mio.durable, s.mio.size, model, MiB,
+                             "after a FUA overwrite in place"));
+
+  fill_pattern (model + 64 * KiB, 4096, 11);
+  CHECK_EQ (do_write (&s, model + 64 * KiB, 4096, 64 * KiB, false), 0);
+  fill_pattern (model + 200, 300, 12);
+  start = s.mio.nops;
+  CHECK_EQ (do_write (&s, model + 200, 300, 200, true), 0);
+  ops_since (&s, start, seq, sizeof seq);
+  CHECK (strcmp (seq, "D B F L2 F") == 0);
+  if (strcmp (seq, "D B F L2 F") != 0)
+    fprintf (stderr, "  a FUA overwrite beside a new cluster wrote %s, "
+             "expected D B F L2 F\n", seq);
+  CHECK (file_matches_model (s.mio.durable, s.mio.size, model, MiB,
+                             "after a FUA overwrite beside a new cluster"));
+  check_file (s.mio.data, s.mio.size, true, "writes in place");
+  session_close (&s);
+  free (model);
+}
+
+/* ------------------------------------------------------- concurrency */
+
+#define WRITERS 3
+#define WRITER_OPS 150
+#define FLUSHES 12
+
+/* Writers own the guest clusters k with k % 4 == their index; clusters
+ * with k % 4 == 3 hold data written before the threads start, which a
+ * reader keeps reading.  All of them share L2 tables and refcount
+ * blocks, and a flusher writes the metadata back meanwhile.
+ */
+struct concurrent {
+  struct session *s;
+  uint8_t *model;
+  uint64_t C, vsize;
+  atomic_int writers_left;
+  atomic_ulong wrong_reads;
+};
+
+struct concurrent_arg {
+  struct concurrent *c;
+  unsigned id;
+};
+
+static void *
+writer_thread (void *arg)
+{
+  struct concurrent_arg *a = arg;
+  struct concurrent *c = a->c;
+  uint64_t seed = 1000 + a->id, clusters = c->vsize / c->C;
+  uint8_t *buf = xmalloc (c->C);
+
+  for (unsigned i = 0; i < WRITER_OPS; ++i) {
+    uint64_t k = (rng (&seed) % (clusters / 4)) * 4 + a->id;
+    uint64_t off = rng (&seed) % c->C, len = 1 + rng (&seed) % (c->C - off);
+    bool fua = rng (&seed) % 8 == 0;
+
+    if (rng (&seed) % 3 == 0) {
+      off = 0;
+      len = c->C;
+    }
+    switch (rng (&seed) % 6) {
+    case 0:
+      CHECK_EQ (do_zero (c->s, len, k * c->C + off, false, fua), 0);
+      memset (c->model + k * c->C + off, 0, len);
+      break;
+    case 1:
+      CHECK_EQ (do_trim (c->s, len, k * c->C + off, fua), 0);
+      if (len == c->C)
+        memset (c->model + k * c->C, 0, c->C);
+      break;
+    default:
+      fill_pattern (buf, len, a->id * 10000 + i);
+      CHECK_EQ (do_write (c->s, buf, len, k * c->C + off, fua), 0);
+      memcpy (c->model + k * c->C + off, buf, len);
+      break;
+    }
+  }
+  atomic_fetch_sub (&c->writers_left, 1);
+  free (buf);
+  return NULL;
+}
+
+static void *
+reader_thread (void *arg)
+{
+  struct concurrent *c = arg;
+  uint64_t seed = 77, clusters = c->vsize / c->C;
+  uint8_t *buf = xmalloc (2 * c->C);
+
+  while (atomic_load (&c->writers_left) > 0) {
+    uint64_t k = (rng (&seed) % (clusters / 4)) * 4 + 3;
+    uint64_t off = rng (&seed) % c->C, len = 1 + rng (&seed) % (c->C - off);
+
+    CHECK_EQ (do_read (c->s, buf, len, k * c->C + off), 0);
+    if (memcmp (buf, c->model + k * c->C + off, len) != 0)
+      atomic_fetch_add (&c->wrong_reads, 1);
+  }
+  free (buf);
+  return NULL;
+}
+
+static void *
+flusher_thread (void *arg)
+{
+  struct concurrent *c = arg;
+
+  for (unsigned i = 0; i < FLUSHES && atomic_load (&c->writers_left) > 0;
+       ++i) {
+    usleep (3000);
+    CHECK_EQ (do_flush (c->s), 0);
+  }
+  return NULL;
+}
+
+static void
+test_concurrent (bool compress)
+{
+  /* 1 KiB clusters: 128 to an L2 table, 16 tables. */
+  const struct new_image spec = {
+    3, 10, 4, QCOW2_COMPRESSION_ZSTD, 2 * MiB, 6 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  unsigned long before = atomic_load (&unit_failures);
+  struct concurrent c = { .C = 1024, .vsize = 2 * MiB };
+  struct concurrent_arg args[WRITERS];
+  pthread_t writers[WRITERS], reader, flusher;
+  struct session s;
+  char ctx[80];
+
+  snprintf (ctx, sizeof ctx, "concurrent, %scompressing",
+            compress ? "" : "not ");
+  opts.compress = compress;
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    return;
+  }
+  c.s = &s;
+  c.model = xcalloc (1, c.vsize);
+  for (uint64_t k = 3; k < c.vsize / c.C; k += 4)
+    fill_pattern (c.model + k * c.C, c.C, k);
+  for (uint64_t k = 0; k < c.vsize / c.C; k += 4)
+    CHECK_EQ (do_write (&s, c.model + k * c.C, 4 * c.C, k * c.C, false), 0);
+  atomic_store (&c.writers_left, WRITERS);
+  for (unsigned i = 0; i < WRITERS; ++i) {
+    args[i] = (struct concurrent_arg) { &c, i };
+    pthread_create (&writers[i], NULL, writer_thread, &args[i]);
+  }
+  pthread_create (&reader, NULL, reader_thread, &c);
+  pthread_create (&flusher, NULL, flusher_thread, &c);
+  for (unsigned i = 0; i < WRITERS; ++i)
+    pthread_join (writers[i], NULL);
+  pthread_join (reader, NULL);
+  pthread_join (flusher, NULL);
+
+  CHECK_EQ (atomic_load (&c.wrong_reads), 0);
+  CHECK (matches_model (&s, c.model, 0, c.vsize, ctx));
+  CHECK_EQ (do_flush (&s), 0);
+  check_file (s.mio.data, s.mio.size, true, ctx);
+  CHECK (file_matches_model (s.mio.durable, s.mio.size, c.model, c.vsize,
+                             ctx));
+  check_crash_states (&s.mio, compress ? 5 : 6, ctx);
+  CHECK_EQ (s.log.errors, 0);
+  session_close (&s);
+  free (c.model);
+  UNIT_NOTE_IF_FAILED (before, "%s", ctx);
+}
+
 /* ---------------------------------------------------------- reclaim */
 
 /* Flushes the storage saw during the call that ended at op END and began
@@ -507,6 +738,9 @@ main (void)
     test_random_log (true, seed * 1299709);
   }
   test_durability ();
+  test_in_place ();
+  test_concurrent (false);
+  test_concurrent (true);
   test_reclaim_plain ();
   test_reclaim_compressed ();
   return unit_finish ();

@@ -57,10 +57,17 @@ mem_pread (void *opaque, void *buf, size_t count, uint64_t offset)
     return -EIO;
   if (m->fail_errno && touches (offset, count, m->fail_from, m->fail_to))
     return -m->fail_errno;
+  /* Under the lock: the engine may read bytes another thread is writing
+   * (a read racing a write of the same cluster), which a file does
+   * without harm but a memcpy does not.
+   */
+  pthread_mutex_lock (&m->lock);
   memcpy (buf, m->data + offset, count);
+  pthread_mutex_unlock (&m->lock);
   return 0;
 }
 
+/* With m->lock held, so that the log's order is the storage's. */
 static void
 log_op (struct mem_io *m, bool flush, const void *buf, size_t count,
         uint64_t offset)
@@ -69,7 +76,6 @@ log_op (struct mem_io *m, bool flush, const void *buf, size_t count,
 
   if (!(m->flags & MEM_IO_RECORD))
     return;
-  pthread_mutex_lock (&m->lock);
   if (m->nops == m->ops_cap) {
     m->ops_cap = m->ops_cap ? 2 * m->ops_cap : 256;
     m->ops = realloc (m->ops, m->ops_cap * sizeof *m->ops);
@@ -95,7 +101,6 @@ log_op (struct mem_io *m, bool flush, const void *buf, size_t count,
         memcpy (m->durable + w->offset, w->data, w->len);
     }
   }
-  pthread_mutex_unlock (&m->lock);
 }
 
 static int
@@ -109,8 +114,10 @@ mem_pwrite (void *opaque, const void *buf, size_t count, uint64_t offset)
   if (m->write_fail_errno &&
       touches (offset, count, m->write_fail_from, m->write_fail_to))
     return -m->write_fail_errno;
+  pthread_mutex_lock (&m->lock);
   memcpy (m->data + offset, buf, count);
   log_op (m, false, buf, count, offset);
+  pthread_mutex_unlock (&m->lock);
   return 0;
 }
 
@@ -121,7 +128,9 @@ mem_flush (void *opaque)
 
   atomic_fetch_add (&m->flushes, 1);
   allowed (m, "flush", 0, 0);
+  pthread_mutex_lock (&m->lock);
   log_op (m, true, NULL, 0, 0);
+  pthread_mutex_unlock (&m->lock);
   return 0;
 }
 
