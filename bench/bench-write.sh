@@ -36,14 +36,37 @@
 #   BENCH_RAND_QD16_SIZE=SIZE bytes written by rand4k-qd16 (512M, quick 64M)
 #   BENCH_SEQ_SIZE=SIZE       bytes written by seq1m-qd4 (the region)
 #   BENCH_FIO_RUNTIME=S       cap on one fio run (default 120)
-#   BENCH_ONLY="rand4k-qd1 rand4k-qd16 seq1m-qd4"   workloads to run
+#   BENCH_ONLY="rand4k-qd1 rand4k-qd16 seq1m-qd4 slow"   workloads to run
 #   BENCH_VERIFY=first|all|0  data check (qemu-img compare with the
 #                             reference) on the first run of each contender
 #                             and workload (default), on every run, or never.
 #                             qemu-img check runs after every run regardless.
 #   BENCH_FILTER_ARGS="..."   extra filter parameters (e.g. qcow2-threads=1)
+#   BENCH_SLOW_DELAY=1ms      the slow device's answer time (delay-read and
+#                             delay-write of nbdkit's delay filter)
+#   BENCH_SLOW_SIZE=SIZE      the slow section's disk (1G, quick 256M)
+#   BENCH_SLOW_RUNTIME=S      seconds per fio run there (20, quick 8)
+#   BENCH_SLOW_RUNS=N         repetitions in the slow section (default 1)
+#   BENCH_FILTER2=PATH        a second build of the filter (say, main's),
+#                             measured as one more contender in the slow
+#                             section, next to this one
 #   BENCH_KEEP=1              keep the run directory (images, logs)
 #   FILTER=PATH               the filter .so (default: this build tree)
+#
+# The slow section (BENCH_ONLY=slow alone runs only it): 4 KiB randread,
+# randwrite and randrw 50/50 at QD16 (fio's nbd engine, time based, no
+# flush), on a fully allocated plain qcow2 of BENCH_SLOW_SIZE (every
+# cluster holds data, so every write goes in place) and on the raw disk
+# it was made from, first on a slow device, then on the fast local file:
+#   slow device: nbdkit --filter=qcow2zstd --filter=delay file IMG
+#                delay-read=D delay-write=D; for qemu the same delayed
+#                device (nbdkit --filter=delay file IMG, the raw qcow2
+#                bytes) opened by qemu-nbd -f qcow2 nbd+unix:///?socket=S;
+#                the raw disk: nbdkit --filter=delay file RAW
+#   fast local:  nbdkit --filter=qcow2zstd file IMG; qemu-nbd -f qcow2 IMG;
+#                nbdkit file RAW
+# Printed as ratios against the raw disk and against qemu-nbd, all from
+# the same run.
 #
 # Every run starts from a fresh copy of zstd.qcow2, given room with
 # truncate (the filter cannot grow its file), and a fresh server, so no
@@ -65,7 +88,7 @@ else
 fi
 : "${BENCH_SEQ_SIZE:=$BENCH_REGION}"
 : "${BENCH_FIO_RUNTIME:=120}"
-: "${BENCH_ONLY:=rand4k-qd1 rand4k-qd16 seq1m-qd4}"
+: "${BENCH_ONLY:=rand4k-qd1 rand4k-qd16 seq1m-qd4 slow}"
 : "${BENCH_VERIFY:=first}"
 : "${BENCH_FILTER_ARGS:=}"
 # shellcheck disable=SC2206
@@ -262,34 +285,252 @@ report () # WORKLOAD
 SUMMARY=()
 
 # ---------------------------------------------------------------------
+# The slow device section.
+
+if [ "$BENCH_QUICK" = 1 ]; then
+    : "${BENCH_SLOW_SIZE:=256M}"
+    : "${BENCH_SLOW_RUNTIME:=8}"
+else
+    : "${BENCH_SLOW_SIZE:=1G}"
+    : "${BENCH_SLOW_RUNTIME:=20}"
+fi
+: "${BENCH_SLOW_DELAY:=1ms}"
+: "${BENCH_FILTER2:=}"
+SLOW_JOBS=(randread randwrite randrw)
+SLOW_KINDS=(raw filter qemu)
+declare -A SLOW_LABEL=([raw]="raw disk" [filter]="qcow2zstd" [filter2]="qcow2zstd (2)"
+                       [qemu]="qemu-nbd")
+
+# slow_images: SLOW_RAW (random data: every cluster allocated) and
+# SLOW_QCOW2, a plain qcow2 made from it, cached in $BENCH_DIR.
+slow_images ()
+{
+    local dir=$BENCH_DIR/slow-$BENCH_SLOW_SIZE
+    SLOW_RAW=$dir/raw.img
+    SLOW_QCOW2=$dir/plain.qcow2
+    mkdir -p "$dir"
+    if [ ! -s "$SLOW_QCOW2" ]; then
+        msg "making the slow section's disks: $BENCH_SLOW_SIZE of random data, and a plain qcow2 of it"
+        head -c "$(to_bytes "$BENCH_SLOW_SIZE")" /dev/urandom > "$SLOW_RAW.tmp"
+        mv "$SLOW_RAW.tmp" "$SLOW_RAW"
+        qemu-img convert -O qcow2 -o cluster_size=64k "$SLOW_RAW" "$SLOW_QCOW2.tmp"
+        mv "$SLOW_QCOW2.tmp" "$SLOW_QCOW2"
+    fi
+}
+
+# _spawn NAME CMD...: start a server in the background on $RUN_DIR/NAME.sock
+# (which CMD must use) and wait until it answers; sets SERVER_PID and
+# SERVER_URI and registers it for stop_server and the exit trap.
+_spawn ()
+{
+    local name=$1 i
+    shift
+    SERVER_SOCK=$RUN_DIR/$name.sock
+    SERVER_LOG=$RUN_DIR/$name.log
+    SERVER_URI="nbd+unix:///?socket=$SERVER_SOCK"
+    rm -f "$SERVER_SOCK"
+    "$@" 2>>"$SERVER_LOG" </dev/null &
+    SERVER_PID=$!
+    _server_pids+=("$SERVER_PID")
+    for i in $(seq 300); do
+        if [ -S "$SERVER_SOCK" ] && nbdinfo --size "$SERVER_URI" >/dev/null 2>&1; then
+            return 0
+        fi
+        kill -0 "$SERVER_PID" 2>/dev/null || die "$name exited at startup; log: $SERVER_LOG"
+        sleep 0.05
+    done
+    die "$name did not come up in 15 s; log: $SERVER_LOG"
+}
+
+# start_slow KIND DEVICE: serve the working copy of the disk for KIND
+# (raw, filter, filter2, qemu) on DEVICE (slow or fast).  For qemu on
+# the slow device, the delayed device is a server of its own (DEV_PID).
+DEV_PID=
+start_slow ()
+{
+    local kind=$1 dev=$2 file=$SLOW_WORK_QCOW2 delay=() dargs=() so=$FILTER
+    [ "$kind" = raw ] && file=$SLOW_WORK_RAW
+    [ "$kind" = filter2 ] && so=$FILTER2
+    if [ "$dev" = slow ]; then
+        delay=(--filter=delay)
+        dargs=("delay-read=$BENCH_SLOW_DELAY" "delay-write=$BENCH_SLOW_DELAY")
+    fi
+    case $kind in
+        raw)
+            _spawn "$kind-$dev" nbdkit -f -U "$RUN_DIR/$kind-$dev.sock" \
+                "${delay[@]}" file "$file" "${dargs[@]}" ;;
+        filter|filter2)
+            _spawn "$kind-$dev" nbdkit -f -U "$RUN_DIR/$kind-$dev.sock" \
+                --filter="$so" "${delay[@]}" file "$file" "${dargs[@]}" \
+                "${FILTER_ARGS[@]}" ;;
+        qemu)
+            if [ "$dev" = slow ]; then
+                _spawn "device-$dev" nbdkit -f -U "$RUN_DIR/device-$dev.sock" \
+                    --filter=delay file "$file" "${dargs[@]}"
+                DEV_PID=$SERVER_PID
+                _spawn "$kind-$dev" qemu-nbd -f qcow2 --cache=writeback --persistent \
+                    -k "$RUN_DIR/$kind-$dev.sock" "$SERVER_URI"
+            else
+                _spawn "$kind-$dev" qemu-nbd -f qcow2 --cache=writeback --persistent \
+                    -k "$RUN_DIR/$kind-$dev.sock" "$file"
+            fi ;;
+    esac
+}
+
+stop_slow ()
+{
+    stop_server
+    if [ -n "$DEV_PID" ]; then
+        SERVER_PID=$DEV_PID
+        stop_server
+        DEV_PID=
+    fi
+}
+
+# slow_measure KIND DEVICE JOB: one fio run; appends the IOPS (reads and
+# writes together) to $RES_DIR/slow.DEVICE.JOB.KIND.
+slow_measure ()
+{
+    local kind=$1 dev=$2 job=$3 json=$RUN_DIR/slow-$1-$2-$3.json rc=0 iops
+    start_slow "$kind" "$dev"
+    (cd "$RUN_DIR" && exec fio --name="$job" --ioengine=nbd --uri="$SERVER_URI" \
+        --rw="$job" --rwmixread=50 --bs=4k --iodepth=16 \
+        --size="$(to_bytes "$BENCH_SLOW_SIZE")" --time_based \
+        --runtime="$BENCH_SLOW_RUNTIME" --ramp_time=2 --randrepeat=1 \
+        --norandommap --output-format=json --output="$json") \
+        >>"$RUN_DIR/fio.log" 2>&1 || rc=$?
+    server_alive
+    stop_slow
+    [ "$rc" -eq 0 ] || die "fio failed (status $rc) against ${SLOW_LABEL[$kind]} ($dev, $job)"
+    iops=$(python3 - "$json" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+if job.get("error"):
+    sys.exit("fio: job error %s" % job["error"])
+print("%.1f" % (job["read"]["iops"] + job["write"]["iops"]))
+PY
+    ) || die "no result from fio ($kind, $dev, $job)"
+    echo "$iops" >> "$RES_DIR/slow.$dev.$job.$kind"
+}
+
+slow_section ()
+{
+    local dev job kind rep order
+    slow_images
+    [ -z "$BENCH_FILTER2" ] || {
+        [ -f "$BENCH_FILTER2" ] || die "BENCH_FILTER2: no such file: $BENCH_FILTER2"
+        cp -f "$BENCH_FILTER2" "$RUN_DIR/filter2.so"
+        FILTER2=$RUN_DIR/filter2.so
+        SLOW_KINDS=(raw filter filter2 qemu)
+    }
+    # Working copies: the writes go in place, so every contender sees
+    # the same fully allocated layout.
+    SLOW_WORK_RAW=$RUN_DIR/slow-raw.img
+    SLOW_WORK_QCOW2=$RUN_DIR/slow.qcow2
+    cp "$SLOW_RAW" "$SLOW_WORK_RAW"
+    cp "$SLOW_QCOW2" "$SLOW_WORK_QCOW2"
+    echo
+    echo "Slow section: $BENCH_SLOW_SIZE fully allocated plain qcow2 (64k clusters) and the raw disk it was made from; fio --ioengine=nbd, 1 connection, 4 KiB, QD16, ${BENCH_SLOW_RUNTIME} s per run (after 2 s ramp), no flush; slow device: nbdkit's delay filter, delay-read=delay-write=$BENCH_SLOW_DELAY"
+    [ -z "$BENCH_FILTER2" ] || echo "qcow2zstd (2): $BENCH_FILTER2 (sha256 $(sha256sum "$FILTER2" | cut -c1-12)...)"
+    for rep in $(seq "$BENCH_SLOW_RUNS"); do
+        for dev in slow fast; do
+            for job in "${SLOW_JOBS[@]}"; do
+                # Which contender goes first turns with every job.
+                order=("${SLOW_KINDS[@]:rep % ${#SLOW_KINDS[@]}}" "${SLOW_KINDS[@]:0:rep % ${#SLOW_KINDS[@]}}")
+                for kind in "${order[@]}"; do
+                    msg "slow section: $dev device, $job, ${SLOW_LABEL[$kind]} (run $rep/$BENCH_SLOW_RUNS)"
+                    slow_measure "$kind" "$dev" "$job"
+                done
+            done
+        done
+    done
+    rm -f "$SLOW_WORK_RAW" "$SLOW_WORK_QCOW2"
+}
+
+slow_report ()
+{
+    local dev job kind f r q v title
+    for dev in slow fast; do
+        if [ "$dev" = slow ]; then
+            title="Slow device ($BENCH_SLOW_DELAY per read and write)"
+        else
+            title="Fast local file (page cache)"
+        fi
+        printf '\n%s, IOPS (reads + writes), median of %s:\n' "$title" "$BENCH_SLOW_RUNS"
+        printf '  %-10s' job
+        for kind in "${SLOW_KINDS[@]}"; do printf ' %14s' "${SLOW_LABEL[$kind]}"; done
+        printf ' %12s %14s' "filter/raw" "filter/qemu"
+        [ -z "$BENCH_FILTER2" ] || printf ' %12s %14s' "(2)/raw" "(2)/qemu"
+        echo
+        for job in "${SLOW_JOBS[@]}"; do
+            printf '  %-10s' "$job"
+            for kind in "${SLOW_KINDS[@]}"; do
+                printf ' %14s' "$(fmt 0 "$(median < "$RES_DIR/slow.$dev.$job.$kind")")"
+            done
+            r=$(median < "$RES_DIR/slow.$dev.$job.raw")
+            q=$(median < "$RES_DIR/slow.$dev.$job.qemu")
+            f=$(median < "$RES_DIR/slow.$dev.$job.filter")
+            printf ' %11sx %13sx' "$(fmt 2 "$(ratio "$f" "$r")")" "$(fmt 2 "$(ratio "$f" "$q")")"
+            if [ -n "$BENCH_FILTER2" ]; then
+                v=$(median < "$RES_DIR/slow.$dev.$job.filter2")
+                printf ' %11sx %13sx' "$(fmt 2 "$(ratio "$v" "$r")")" "$(fmt 2 "$(ratio "$v" "$q")")"
+            fi
+            echo
+        done
+    done
+    echo
+    echo "Targets (issue 15, informational):"
+    for job in randwrite randrw; do
+        target "slow $job: filter/raw disk" \
+            "$(ratio "$(median < "$RES_DIR/slow.slow.$job.filter")" "$(median < "$RES_DIR/slow.slow.$job.raw")")" ">=" 0.8
+        target "slow $job: filter/qemu-nbd" \
+            "$(ratio "$(median < "$RES_DIR/slow.slow.$job.filter")" "$(median < "$RES_DIR/slow.slow.$job.qemu")")" ">=" 1.5
+    done
+    target "slow randread: filter/raw disk" \
+        "$(ratio "$(median < "$RES_DIR/slow.slow.randread.filter")" "$(median < "$RES_DIR/slow.slow.randread.raw")")" ">=" 0.9
+    if [ -n "$BENCH_FILTER2" ]; then
+        for job in "${SLOW_JOBS[@]}"; do
+            target "fast $job: filter/filter (2)" \
+                "$(ratio "$(median < "$RES_DIR/slow.fast.$job.filter")" "$(median < "$RES_DIR/slow.fast.$job.filter2")")" ">=" 0.95
+        done
+    fi
+}
+
+# ---------------------------------------------------------------------
 # Main.
 
 print_machine "qcow2zstd write benchmark"
 [ ${#FILTER_ARGS[@]} -eq 0 ] || echo "Filter parameters: ${FILTER_ARGS[*]}"
-echo "Runs: $BENCH_RUNS per workload, contenders alternating (and which goes first alternating); results in $RES_DIR"
-echo "Servers: nbdkit -U SOCK --filter=qcow2zstd file IMG ${FILTER_ARGS[*]} | qemu-nbd -f qcow2 --cache=writeback --persistent -k SOCK IMG; Unix sockets; one fresh server and image copy per run"
-echo "Client: fio --ioengine=nbd, 1 connection, --end_fsync=1 (the flush is inside fio's timing), written data = block offset pattern"
+echo "Results in $RES_DIR"
 
-ensure_images
-VSIZE=$(stat -c %s "$RAW_IMG")
-REGION=$(to_bytes "$BENCH_REGION")
-if [ "$REGION" -gt "$VSIZE" ]; then
-    msg "region $BENCH_REGION is larger than the disk; using the whole disk"
-    REGION=$VSIZE
-    BENCH_REGION=$(numfmt --to=iec "$VSIZE")
-fi
-for w in "${WORKLOADS[@]}"; do
-    if [ "${W_RW[$w]}" = randwrite ] &&
-           [ "$(to_bytes "${W_SIZE[$w]}")" -gt "$REGION" ]; then
-        die "$w writes ${W_SIZE[$w]}, more than the region ($BENCH_REGION): each block is written at most once"
+COMPRESSED=0
+for w in "${WORKLOADS[@]}"; do wants "$w" && COMPRESSED=1; done
+RAN=()
+if [ "$COMPRESSED" = 1 ]; then
+    echo "Runs: $BENCH_RUNS per workload, contenders alternating (and which goes first alternating)"
+    echo "Servers: nbdkit -U SOCK --filter=qcow2zstd file IMG ${FILTER_ARGS[*]} | qemu-nbd -f qcow2 --cache=writeback --persistent -k SOCK IMG; Unix sockets; one fresh server and image copy per run"
+    echo "Client: fio --ioengine=nbd, 1 connection, --end_fsync=1 (the flush is inside fio's timing), written data = block offset pattern"
+    ensure_images
+    VSIZE=$(stat -c %s "$RAW_IMG")
+    REGION=$(to_bytes "$BENCH_REGION")
+    if [ "$REGION" -gt "$VSIZE" ]; then
+        msg "region $BENCH_REGION is larger than the disk; using the whole disk"
+        REGION=$VSIZE
+        BENCH_REGION=$(numfmt --to=iec "$VSIZE")
     fi
-done
-# Room: every cluster of the region may be rewritten once (a 4 KiB write
-# to a compressed cluster allocates a whole new cluster), plus metadata.
-ROOM=$((REGION + REGION / 16 + 16 * 1048576))
-ROOM=$(( (ROOM + 1048575) / 1048576 * 1048576 ))
-echo "Image: $IMG_DIR/zstd.qcow2 ($(mib "$(stat -c %s "$IMG_DIR/zstd.qcow2")") MiB file, $(mib "$VSIZE") MiB disk, $(qcow2_info "$IMG_DIR/zstd.qcow2" | awk '{ print $2 ", " $3 / 1024 "k clusters" }')), region: first $BENCH_REGION, room added to each copy: $(mib "$ROOM" 0) MiB"
-echo "First $BENCH_REGION of the disk: $(qemu-img map --output=json "$IMG_DIR/zstd.qcow2" | python3 -c '
+    for w in "${WORKLOADS[@]}"; do
+        if [ "${W_RW[$w]}" = randwrite ] &&
+               [ "$(to_bytes "${W_SIZE[$w]}")" -gt "$REGION" ]; then
+            die "$w writes ${W_SIZE[$w]}, more than the region ($BENCH_REGION): each block is written at most once"
+        fi
+    done
+    # Room: every cluster of the region may be rewritten once (a 4 KiB write
+    # to a compressed cluster allocates a whole new cluster), plus metadata.
+    ROOM=$((REGION + REGION / 16 + 16 * 1048576))
+    ROOM=$(( (ROOM + 1048575) / 1048576 * 1048576 ))
+    echo "Image: $IMG_DIR/zstd.qcow2 ($(mib "$(stat -c %s "$IMG_DIR/zstd.qcow2")") MiB file, $(mib "$VSIZE") MiB disk, $(qcow2_info "$IMG_DIR/zstd.qcow2" | awk '{ print $2 ", " $3 / 1024 "k clusters" }')), region: first $BENCH_REGION, room added to each copy: $(mib "$ROOM" 0) MiB"
+    echo "First $BENCH_REGION of the disk: $(qemu-img map --output=json "$IMG_DIR/zstd.qcow2" | python3 -c '
 import json, sys
 end = int(sys.argv[1]); data = 0
 for e in json.load(sys.stdin):
@@ -297,29 +538,38 @@ for e in json.load(sys.stdin):
     if e["data"] and s < end:
         data += min(s + n, end) - s
 print("%.0f%% allocated (compressed) data" % (100.0 * data / end))' "$REGION")"
-echo "Checks: qemu-img check after every run (outside timing); data compared with a reference (raw.img + the same writes through nbdkit file): $BENCH_VERIFY"
+    echo "Checks: qemu-img check after every run (outside timing); data compared with a reference (raw.img + the same writes through nbdkit file): $BENCH_VERIFY"
 
-RAN=()
-for w in "${WORKLOADS[@]}"; do
-    wants "$w" || continue
-    RAN+=("$w")
-    for rep in $(seq "$BENCH_RUNS"); do
-        msg "$w: repetition $rep/$BENCH_RUNS"
-        if [ $((rep % 2)) = 1 ]; then order=(filter qemu); else order=(qemu filter); fi
-        for k in "${order[@]}"; do
-            measure "$RES_DIR/$w.$k" "$w" "$k" "$rep"
+    for w in "${WORKLOADS[@]}"; do
+        wants "$w" || continue
+        RAN+=("$w")
+        for rep in $(seq "$BENCH_RUNS"); do
+            msg "$w: repetition $rep/$BENCH_RUNS"
+            if [ $((rep % 2)) = 1 ]; then order=(filter qemu); else order=(qemu filter); fi
+            for k in "${order[@]}"; do
+                measure "$RES_DIR/$w.$k" "$w" "$k" "$rep"
+            done
         done
+        [ -z "${TRUTH[$w]:-}" ] || rm -f "${TRUTH[$w]}"
     done
-    [ -z "${TRUTH[$w]:-}" ] || rm -f "${TRUTH[$w]}"
-done
+fi
+: "${BENCH_SLOW_RUNS:=1}"
+if wants slow; then
+    slow_section
+fi
 
 for w in "${RAN[@]}"; do report "$w"; done
 
-echo
-echo "Summary (medians; filter/qemu-nbd > 1 means the filter is faster):"
-printf '  %-30s %11s %10s %8s %14s %14s\n' workload "filter IOPS" "qemu IOPS" ratio "MiB/s f/q" "grew MiB f/q"
-printf '  %s\n' "${SUMMARY[@]}"
-[ "$CAPPED_RUNS" = 0 ] || echo "  NOTE: $CAPPED_RUNS run(s) hit the ${BENCH_FIO_RUNTIME}s cap and wrote less than the rest"
+if [ ${#RAN[@]} -gt 0 ]; then
+    echo
+    echo "Summary (medians; filter/qemu-nbd > 1 means the filter is faster):"
+    printf '  %-30s %11s %10s %8s %14s %14s\n' workload "filter IOPS" "qemu IOPS" ratio "MiB/s f/q" "grew MiB f/q"
+    printf '  %s\n' "${SUMMARY[@]}"
+    [ "$CAPPED_RUNS" = 0 ] || echo "  NOTE: $CAPPED_RUNS run(s) hit the ${BENCH_FIO_RUNTIME}s cap and wrote less than the rest"
+fi
+if wants slow; then
+    slow_report
+fi
 echo
 echo "Targets (informational):"
 if [ ${#TARGET_SUMMARY[@]} -eq 0 ]; then

@@ -10,8 +10,9 @@
  *
  * Offers: qcow2_backing_open, qcow2_backing_close; the paths read the
  * backing file through img->read_backing, which the open sets.
- * Locks: the caller holds the image's lock; a qcow2 backing file's
- * image lock is taken below it.
+ * Locks: the paths read the backing file with no lock of the image held
+ * (a read after its lookup, a copy-on-write before its link); a qcow2
+ * backing file's read takes that image's own lock, as any read does.
  * Needs: file I/O, and the engine's own image open and read for a qcow2
  * backing file.
  */

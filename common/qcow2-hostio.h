@@ -8,12 +8,11 @@
  *
  * Offers: qcow2_error, qcow2_debug, qcow2_debug_if, qcow2_pread_clamped,
  * qcow2_pwrite_logged, qcow2_flush_logged, qcow2_online_cpus.
- * Locks: none taken.  The I/O calls are made only from a thread that
- * called into the engine, never from pool workers (struct qcow2_io's
- * rule).  qcow2_pread_clamped with the image lock held (shared is
- * enough) and qcow2_pwrite_logged with it held exclusively, as the file
- * size they clamp to changes only under the exclusive lock;
- * qcow2_flush_logged with or without it.
+ * Locks: none taken, none needed.  The I/O calls are made only from a
+ * thread that called into the engine, never from pool workers (struct
+ * qcow2_io's rule), with or without the image lock: the file size they
+ * clamp to only grows (under the image lock, when clusters are
+ * allocated) and is read atomically.
  * Needs: the image's log, options and counters; nothing else.
  */
 #ifndef QCOW2_HOSTIO_H

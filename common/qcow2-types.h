@@ -14,9 +14,9 @@
  *   1. qcow2_image.lock (rwlock): the metadata.  Held exclusively to
  *      change it, shared to look it up, and only for that: never across
  *      guest data I/O, compression or decompression, nor across the
- *      writeback's I/O.  An image's lock comes before the lock of its
- *      backing file's image (a read through the chain takes them top
- *      down; a copy-on-write reads the backing file with neither held).
+ *      writeback's I/O.  A backing file is read with no lock of the
+ *      image above held (reads and copy-on-writes read it after their
+ *      lookup), so the locks of a chain's images are never nested.
  *   2. qcow2_image.dedup_lock: the table of compressed clusters.
  *   3. a connection's lock (its free lists of requests and batches), then
  *      its readahead lock (only ever tried, never waited for).

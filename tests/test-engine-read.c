@@ -382,7 +382,10 @@ check_builder (const struct image *img)
 int
 main (void)
 {
-  for (size_t i = 0; i < read_image_nspecs; ++i) {
+  /* Quick: every third image. */
+  size_t step = unit_rounds (3) == 1 ? 3 : 1;
+
+  for (size_t i = 0; i < read_image_nspecs; i += step) {
     struct image *img = image_new (&read_image_specs[i]);
     unsigned long before = atomic_load (&unit_failures);
 

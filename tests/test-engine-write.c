@@ -315,7 +315,7 @@ main (void)
 {
   test_refusals ();
   for (size_t i = 0; i < NCONFIGS; ++i)
-    for (uint64_t seed = 1; seed <= 4; ++seed)
+    for (uint64_t seed = 1; seed <= unit_rounds (4); ++seed)
       test_random (&configs[i], seed * 7919 + i);
   return unit_finish ();
 }

@@ -733,7 +733,7 @@ main (void)
 {
   test_order_all_steps ();
   test_order_usual ();
-  for (uint64_t seed = 1; seed <= 3; ++seed) {
+  for (uint64_t seed = 1; seed <= unit_rounds (3); ++seed) {
     test_random_log (false, seed * 104729);
     test_random_log (true, seed * 1299709);
   }

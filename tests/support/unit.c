@@ -7,6 +7,14 @@
 atomic_ulong unit_checks;
 atomic_ulong unit_failures;
 
+unsigned
+unit_rounds (unsigned full)
+{
+  const char *quick = getenv ("UNIT_QUICK");
+
+  return quick && *quick && *quick != '0' ? 1 : full;
+}
+
 int
 unit_finish (void)
 {

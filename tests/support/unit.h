@@ -69,4 +69,11 @@ extern atomic_ulong unit_failures;
 
 int unit_finish (void);
 
+/* How many rounds of a randomized test to run: FULL, or 1 when the
+ * environment sets UNIT_QUICK (make check-tsan does: the code runs some
+ * twenty times slower under ThreadSanitizer, which is there for the
+ * threads, while the full rounds run in the other builds).
+ */
+unsigned unit_rounds (unsigned full);
+
 #endif /* QCOW2ZSTD_UNIT_H */
