@@ -603,7 +603,9 @@ qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io,
 
     if (p->cache_key)
       qcow2_cache_drop (img->cluster_cache, p->cache_key);
-    for (c = p->offset >> bits; c <= (p->offset + p->length - 1) >> bits; ++c) {
+    uint64_t last = (p->offset + p->length - 1) >> bits;
+
+    for (c = p->offset >> bits; c <= last; ++c) {
       r = qcow2_refcount_add (img, io, c, -1, &now);
       if (r < 0) {
         /* Keep what is left for a later try: this one from the
@@ -619,7 +621,8 @@ qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io,
   }
   if (r < 0) {
     i--;
-    memmove (list->frees, list->frees + i, (list->count - i) * sizeof *list->frees);
+    memmove (list->frees, list->frees + i,
+             (list->count - i) * sizeof *list->frees);
     a->in_writeback -= i;
     list->count -= i;
     qcow2_return_frees (img, list);

@@ -47,7 +47,8 @@ enum piece_action {
 /* ------------------------------------------------------------ data runs */
 
 int
-qcow2_run_flush (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run)
+qcow2_run_flush (struct qcow2_image *img, struct qcow2_io *io,
+                 struct data_run *run)
 {
   int r = 0;
 
@@ -58,8 +59,9 @@ qcow2_run_flush (struct qcow2_image *img, struct qcow2_io *io, struct data_run *
 }
 
 int
-qcow2_run_add (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run,
-         const uint8_t *src, uint64_t host, uint64_t len)
+qcow2_run_add (struct qcow2_image *img, struct qcow2_io *io,
+               struct data_run *run, const uint8_t *src, uint64_t host,
+               uint64_t len)
 {
   int r;
 
@@ -249,7 +251,8 @@ write_piece_data (struct qcow2_image *img, struct qcow2_io *io,
     cluster_part (img, gc, offset, end, &part_off, &len);
     src = buf ? buf + ((gc << bits) + part_off - offset) : img->zero_cluster;
     if (pc->action == PIECE_IN_PLACE) {
-      r = qcow2_run_add (img, io, &run, src, pc->old.host_offset + part_off, len);
+      r = qcow2_run_add (img, io, &run, src, pc->old.host_offset + part_off,
+                         len);
       continue;
     }
     if (len == cluster_size) {

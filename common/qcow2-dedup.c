@@ -169,44 +169,39 @@ qcow2_dedup_remember (struct qcow2_image *img, uint64_t hash, uint64_t entry,
   pthread_mutex_unlock (&img->dedup_lock);
 }
 
-/* The slot holding ENTRY for HASH, or NULL; with the dedup lock held. */
-static struct dedup_slot *
-slot_of (struct qcow2_image *img, uint64_t hash, uint64_t entry)
+/* The slot holding ENTRY for HASH, if the table still has it: marked
+ * written, or (FORGET) emptied.
+ */
+static void
+update_slot (struct qcow2_image *img, uint64_t hash, uint64_t entry,
+             bool forget)
 {
   struct dedup_slot *set;
   unsigned way;
 
-  if (img->dedup == NULL)
-    return NULL;
-  set = set_of (img, hash);
-  for (way = 0; way < WAYS; ++way)
-    if (set[way].entry == entry && set[way].hash == hash)
-      return &set[way];
-  return NULL;
+  pthread_mutex_lock (&img->dedup_lock);
+  set = img->dedup ? set_of (img, hash) : NULL;
+  for (way = 0; set && way < WAYS; ++way)
+    if (set[way].entry == entry && set[way].hash == hash) {
+      if (forget)
+        set[way] = (struct dedup_slot) { 0 };
+      else
+        set[way].pending = false;
+      break;
+    }
+  pthread_mutex_unlock (&img->dedup_lock);
 }
 
 void
 qcow2_dedup_written (struct qcow2_image *img, uint64_t hash, uint64_t entry)
 {
-  struct dedup_slot *slot;
-
-  pthread_mutex_lock (&img->dedup_lock);
-  slot = slot_of (img, hash, entry);
-  if (slot)
-    slot->pending = false;
-  pthread_mutex_unlock (&img->dedup_lock);
+  update_slot (img, hash, entry, false);
 }
 
 void
 qcow2_dedup_forget (struct qcow2_image *img, uint64_t hash, uint64_t entry)
 {
-  struct dedup_slot *slot;
-
-  pthread_mutex_lock (&img->dedup_lock);
-  slot = slot_of (img, hash, entry);
-  if (slot)
-    *slot = (struct dedup_slot) { 0 };
-  pthread_mutex_unlock (&img->dedup_lock);
+  update_slot (img, hash, entry, true);
 }
 
 int

@@ -225,7 +225,8 @@ struct piece_cluster {
  */
 struct write_scratch {
   struct write_scratch *next_free;
-  uint8_t *cow[2];            /* a cluster each: old content around new bytes */
+  uint8_t *cow[2];            /* a cluster each: old content around
+                                 the new bytes */
   uint8_t *compressed;        /* the largest compressed range */
   uint8_t *l2buf;             /* a cluster: an L2 table read for a lookup */
   struct qcow2_decoder *dec;

@@ -267,8 +267,9 @@ write_l1 (struct qcow2_image *img, struct qcow2_io *io,
 
   while (i < s->nl1) {
     /* A run of consecutive entries, in one write. */
-    for (j = i + 1; j < s->nl1 && s->l1_index[j] == s->l1_index[j - 1] + 1; ++j)
-      ;
+    j = i + 1;
+    while (j < s->nl1 && s->l1_index[j] == s->l1_index[j - 1] + 1)
+      j++;
     r = qcow2_pwrite_logged (img, io, s->l1_data + 8 * i, 8 * (j - i),
                              img->header.l1_table_offset +
                              8 * (uint64_t) s->l1_index[i]);
