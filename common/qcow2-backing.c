@@ -117,6 +117,17 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
                  "image): %s", b->path, name, strerror (-r));
     return r;
   }
+  /* qemu locks a backing file as it locks an image opened read-only. */
+  if (img->opts.locking != QCOW2_LOCK_OFF) {
+    char lock_err[512];
+    r = qcow2_lock_fd (qcow2_fileio_fd (&b->io), b->path,
+                       qcow2_lock_perms_for (false, img->opts.locking),
+                       lock_err, sizeof lock_err);
+    if (r < 0) {
+      qcow2_error (img, "backing file: %s", lock_err);
+      return r;
+    }
+  }
 
   /* The header's format extension says what the backing file is; without
    * one, look at its first bytes, as qemu does.

@@ -186,11 +186,13 @@ qcow2_lock_fd (int fd, const char *path, struct qcow2_lock_perms perms,
 /* Only regular files and block devices are images; opening anything
  * else (a FIFO) could block.
  */
-static int
-open_image_file (const char *path, int *fd, char *errbuf, size_t errlen)
+int
+qcow2_lock_open (const char *path, int *fdp, uint64_t *size,
+                 char *errbuf, size_t errlen)
 {
   struct stat st;
-  int err;
+  off_t end;
+  int fd, err;
 
   if (stat (path, &st) == -1) {
     err = errno;
@@ -202,31 +204,17 @@ open_image_file (const char *path, int *fd, char *errbuf, size_t errlen)
               path);
     return -EINVAL;
   }
-  *fd = open (path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (*fd == -1) {
+  fd = open (path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd == -1 || (end = lseek (fd, 0, SEEK_END)) == -1) {
     err = errno;
     snprintf (errbuf, errlen, "cannot open %s to lock it: %s", path,
               strerror (err));
+    if (fd >= 0)
+      close (fd);
     return -err;
   }
-  return 0;
-}
-
-int
-qcow2_lock_path (const char *path, struct qcow2_lock_perms perms,
-                 int *fdp, char *errbuf, size_t errlen)
-{
-  int fd, r;
-
-  r = open_image_file (path, &fd, errbuf, errlen);
-  if (r < 0)
-    return r;
-  r = qcow2_lock_fd (fd, path, perms, errbuf, errlen);
-  if (r < 0) {
-    close (fd);
-    return r;
-  }
   *fdp = fd;
+  *size = end;
   return 0;
 }
 
@@ -234,9 +222,10 @@ int
 qcow2_lock_probe (const char *path, struct qcow2_lock_perms perms,
                   char *errbuf, size_t errlen)
 {
+  uint64_t size;
   int fd, r;
 
-  r = open_image_file (path, &fd, errbuf, errlen);
+  r = qcow2_lock_open (path, &fd, &size, errbuf, errlen);
   if (r < 0)
     return r;
   /* This descriptor holds nothing, so every lock there is someone

@@ -20,6 +20,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* qemu 7.2's permission bits (include/block/block-common.h).  qemu 7.2
  * has no graph-modification permission any more: bits 0 to 3 are all
@@ -71,13 +72,13 @@ struct qcow2_lock_perms qcow2_lock_perms_for (bool writable,
 int qcow2_lock_fd (int fd, const char *path, struct qcow2_lock_perms perms,
                    char *errbuf, size_t errlen);
 
-/* Open PATH read-only, only to hold the locks for PERMS on it (the
- * filter does this for the file a plugin under it serves), and set *FD.
- * Returns 0 or a negative errno with a sentence in ERRBUF; on failure
- * nothing stays open.
+/* Open PATH read-only, for holding locks on it (the filter does this
+ * for the file that a plugin under it serves), set *FD and *SIZE (its
+ * size in bytes).  Only regular files and block devices are opened.
+ * Returns 0 or a negative errno with a sentence in ERRBUF.
  */
-int qcow2_lock_path (const char *path, struct qcow2_lock_perms perms,
-                     int *fd, char *errbuf, size_t errlen);
+int qcow2_lock_open (const char *path, int *fd, uint64_t *size,
+                     char *errbuf, size_t errlen);
 
 /* Would PERMS be granted on PATH now?  Only tests, takes nothing (for
  * start-up checks; the real lock is taken when the image opens).

@@ -60,10 +60,22 @@ static int
 lock (const char *p, bool writable, enum qcow2_lock_policy policy, int *fd,
       char *err, size_t errlen)
 {
+  uint64_t size;
+  int r;
+
   *fd = -1;
   err[0] = '\0';
-  return qcow2_lock_path (p, qcow2_lock_perms_for (writable, policy), fd,
-                          err, errlen);
+  r = qcow2_lock_open (p, fd, &size, err, errlen);
+  if (r < 0)
+    return r;
+  CHECK_EQ (size, 1 << 20);
+  r = qcow2_lock_fd (*fd, p, qcow2_lock_perms_for (writable, policy),
+                     err, errlen);
+  if (r < 0) {
+    close (*fd);
+    *fd = -1;
+  }
+  return r;
 }
 
 static void
