@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
@@ -88,6 +89,63 @@ qcow2zstd_config (const char *key, const char *value)
   return -1;
 }
 
+/* The image file, checked at start-up: found when the first client
+ * connects, all that client would learn is that there is no export.
+ * The lock test is only a test: another process may still take the
+ * image before the first client comes, and then that client is refused.
+ */
+static int
+check_file (void)
+{
+  struct stat st;
+  char err[1024];
+  int r;
+
+  if (stat (filename, &st) == -1) {
+    if (errno == ENOENT && create_requested) {
+      /* qcow2-create makes it, in a directory that must let it. */
+      char *dir = strdup (filename), *slash;
+      if (dir == NULL)
+        return -1;
+      slash = strrchr (dir, '/');   /* the name is absolute */
+      slash[slash == dir ? 1 : 0] = '\0';
+      r = access (dir, W_OK | X_OK);
+      if (r == -1)
+        nbdkit_error ("qcow2-create: cannot create %s in %s: %m",
+                      filename, dir);
+      free (dir);
+      return r;
+    }
+    nbdkit_error ("qcow2zstd: %s: %m", filename);
+    return -1;
+  }
+  if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode)) {
+    nbdkit_error ("qcow2zstd: %s: not a regular file or block device",
+                  filename);
+    return -1;
+  }
+  if (access (filename, R_OK) == -1) {
+    nbdkit_error ("qcow2zstd: %s: %m", filename);
+    return -1;
+  }
+  if (params_readonly == 0 && access (filename, W_OK) == -1) {
+    nbdkit_error ("qcow2zstd: %s: %m (serve it read-only with -r)",
+                  filename);
+    return -1;
+  }
+  if (engine_options.locking != QCOW2_LOCK_OFF) {
+    r = qcow2_lock_probe (filename,
+                          qcow2_lock_perms_for (params_readonly == 0,
+                                                engine_options.locking),
+                          err, sizeof err);
+    if (r < 0) {
+      nbdkit_error ("qcow2zstd: %s", err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static int
 qcow2zstd_config_complete (void)
 {
@@ -96,7 +154,9 @@ qcow2zstd_config_complete (void)
     return -1;
   }
   engine_options.growable = true;
-  return params_complete ();
+  if (params_complete () == -1)
+    return -1;
+  return check_file ();
 }
 
 #define qcow2zstd_config_help \
@@ -130,9 +190,22 @@ open_image (int readonly)
     nbdkit_error ("%s: %s", filename, strerror (-r));
     return -1;
   }
+  /* Locked before anything is read, for as long as the file is open. */
+  if (opts.locking != QCOW2_LOCK_OFF) {
+    char err[1024];
+    r = qcow2_lock_fd (qcow2_fileio_fd (&file_io), filename,
+                       qcow2_lock_perms_for (!readonly, opts.locking),
+                       err, sizeof err);
+    if (r < 0) {
+      nbdkit_error ("qcow2zstd: %s", err);
+      qcow2_fileio_close (&file_io);
+      return -1;
+    }
+  }
   if (create_requested && !created) {
     if (readonly) {
-      nbdkit_error ("qcow2-create: cannot create an image read-only");
+      nbdkit_error ("qcow2-create: cannot create an image read-only "
+                    "(nbdkit -r)");
       r = -EROFS;
     }
     else
