@@ -120,8 +120,8 @@ read_l1 (struct qcow2_image *img, struct qcow2_io *io)
 }
 
 /* What writing needs beyond reading: refusals of what cannot be written
- * safely, the refcounts, scratch space, and clearing the autoclear bits
- * (this writer keeps none of the structures they vouch for).
+ * safely, the refcounts and scratch space.  Nothing is written yet: see
+ * qcow2_first_change.
  */
 static int
 open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
@@ -171,17 +171,31 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
     return -ENOMEM;
   }
 
-  if (h->autoclear_features) {
-    uint8_t zero[8] = { 0 };
-    qcow2_debug (img, "clearing autoclear_features 0x%" PRIx64,
-                 h->autoclear_features);
-    r = qcow2_pwrite_logged (img, io, zero, sizeof zero, 88);
-    if (r == 0)
-      r = qcow2_flush_logged (img, io);
-    if (r < 0)
-      return r;
-    img->header.autoclear_features = 0;
+  img->autoclear_on_disk = h->autoclear_features != 0;
+  return 0;
+}
+
+int
+qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
+{
+  uint8_t zero[8] = { 0 };
+  int r;
+
+  /* This writer keeps none of the structures the autoclear bits vouch
+   * for (persistent bitmaps above all), so they go, durably, before
+   * anything they vouch for changes.
+   */
+  img->autoclear_on_disk = false;
+  qcow2_debug (img, "first change: clearing autoclear_features 0x%" PRIx64,
+               img->header.autoclear_features);
+  r = qcow2_pwrite_logged (img, io, zero, sizeof zero, 88);
+  if (r == 0)
+    r = qcow2_flush_logged (img, io);
+  if (r < 0) {
+    img->autoclear_on_disk = true;
+    return r;
   }
+  img->header.autoclear_features = 0;
   return 0;
 }
 

@@ -91,6 +91,10 @@ struct qcow2_image {
   uint8_t *wbuf;              /* one cluster of scratch for writers */
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
+  /* The header's autoclear bits are still set on the disk: the first
+   * write to the image clears them (qcow2_first_change).
+   */
+  bool autoclear_on_disk;
 
   struct backing *backing;    /* NULL: unallocated clusters read as zeros */
 
@@ -304,6 +308,14 @@ int qcow2_writeback_for_room (struct qcow2_image *img, struct qcow2_io *io);
 int qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,
                          const void *buf, uint64_t len, uint64_t offset);
 int qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io);
+
+/* Nothing on disk changes until something has to (a read-only session
+ * through a writable export leaves the file as it was): what opening
+ * for writing would change is done just before the first write to the
+ * image, which calls this (qcow2_pwrite_logged does, under the image
+ * lock held exclusively, as every writer holds it).
+ */
+int qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io);
 
 void qcow2_error (struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));

@@ -63,6 +63,8 @@ qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,
                  PRIx64 " would go past the end of the file", len, offset);
     return -EIO;
   }
+  if (img->autoclear_on_disk && (r = qcow2_first_change (img, io)) < 0)
+    return r;
   r = io->pwrite (io->opaque, buf, len, offset);
   if (r < 0)
     qcow2_error (img, "write of %" PRIu64 " bytes at host offset 0x%" PRIx64
