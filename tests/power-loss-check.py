@@ -267,12 +267,14 @@ def main():
                   (intervals[j] and intervals[j][0][0] == "W" and
                    len(pieces(intervals[j][0][2], len(intervals[j][0][3]))) > 1)]
     extra = []
-    while budget > 0 and candidates:
-        for j in candidates:
-            if budget == 0:
-                break
+
+    def random_subset(records):
+        """Some of RECORDS, some writes torn; neither none nor all whole
+        (those are flush boundaries), or None after a few tries.
+        """
+        for _ in range(20):
             subset = []
-            for idx, rec in enumerate(intervals[j]):
+            for idx, rec in enumerate(records):
                 if rng.random() < 0.5:
                     continue
                 sectors = None
@@ -282,8 +284,19 @@ def main():
                         sectors = sorted(rng.sample(range(count),
                                                     rng.randrange(1, count)))
                 subset.append((idx, sectors))
-            extra.append((j, subset))
-            budget -= 1
+            torn = any(sec is not None for _, sec in subset)
+            if subset and (len(subset) < len(records) or torn):
+                return subset
+        return None
+
+    while budget > 0 and candidates:
+        for j in candidates:
+            if budget == 0:
+                break
+            subset = random_subset(intervals[j])
+            if subset is not None:
+                extra.append((j, subset))
+                budget -= 1
     plan += extra
     plan.sort(key=lambda p: p[0])
 
