@@ -118,4 +118,17 @@ if NBDKIT_TIMEOUT=120 run_nbdkit -U - "$PLUGIN" adir --run true 2> err.out; then
 fi
 grep -q "adir: not a regular file or block device" err.out || { cat err.out; fail "plugin: no message for a directory"; }
 echo "plugin, a directory: $(grep -o "error: .*" err.out | head -1)"
+# An existing image's type: the plugin reads it from the header at
+# start-up (the filter can only when a client connects).
+requires qemu-img
+qemu-img create -q -f qcow2 -o compression_type=zlib zlib.qcow2 16M
+zlib_before=$(sha256sum < zlib.qcow2)
+if NBDKIT_TIMEOUT=120 run_nbdkit -U - "$PLUGIN" zlib.qcow2 qcow2-compress=true \
+    qcow2-compression-level=15 --run true 2> err.out; then
+    fail "plugin: level 15 for a zlib image started"
+fi
+grep -q "qcow2-compression-level: 15 is out of range for zlib (1 to 9)" err.out ||
+    { cat err.out; fail "plugin: no message for level 15 on a zlib image"; }
+[ "$(sha256sum < zlib.qcow2)" = "$zlib_before" ] || fail "the zlib image changed"
+echo "plugin, level 15 for an existing zlib image: $(grep -o "error: .*" err.out | head -1)"
 [ "$(sha256sum < device.img)" = "$before" ] || fail "the device changed"

@@ -275,6 +275,24 @@ params_config (const char *key, const char *value)
   return 1;
 }
 
+int
+params_check_level (enum qcow2_compression type)
+{
+  int min, max;
+
+  if (!level_given)
+    return 0;
+  qcow2_compression_level_range (type, &min, &max);
+  if (engine_options.compression_level < min ||
+      engine_options.compression_level > max) {
+    nbdkit_error ("qcow2-compression-level: %d is out of range for %s "
+                  "(%d to %d)", engine_options.compression_level,
+                  qcow2_compression_name (type), min, max);
+    return -1;
+  }
+  return 0;
+}
+
 /* What can be wrong on the command line but no single parameter shows,
  * checked before anything is opened or formatted.
  */
@@ -293,21 +311,11 @@ check_startup (void)
     return -1;
   }
   /* The type of a created image is known now; an existing image's only
-   * when it is opened.
+   * when it is opened (or, in the plugin form, read at start-up).
    */
-  if (create_requested && level_given) {
-    int min, max;
-    qcow2_compression_level_range (create_options.compression_type,
-                                   &min, &max);
-    if (engine_options.compression_level < min ||
-        engine_options.compression_level > max) {
-      nbdkit_error ("qcow2-compression-level: %d is out of range for %s "
-                    "(%d to %d)", engine_options.compression_level,
-                    qcow2_compression_name (create_options.compression_type),
-                    min, max);
-      return -1;
-    }
-  }
+  if (create_requested &&
+      params_check_level (create_options.compression_type) == -1)
+    return -1;
   if (level_given && compress_param == 0) {
     nbdkit_error ("qcow2-compression-level: only applies to compressed "
                   "writes, and qcow2-compress=false turns them off");

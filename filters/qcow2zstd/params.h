@@ -30,6 +30,11 @@ extern struct qcow2_create_options create_options;
  */
 extern int params_readonly;
 
+/* A qcow2-compression-level given on the command line fits TYPE (0),
+ * or not (-1, after nbdkit_error).
+ */
+int params_check_level (enum qcow2_compression type);
+
 /* The local file that the plugin under the filter serves for
  * EXPORTNAME: the file named by file=, or with dir= the file of that
  * name in the directory.  NULL if neither was given (or out of memory).

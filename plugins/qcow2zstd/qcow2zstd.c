@@ -89,6 +89,33 @@ qcow2zstd_config (const char *key, const char *value)
   return -1;
 }
 
+/* A compression level against the image's own type, read from its
+ * header.  A header that does not parse is left for the open to report,
+ * as it reports it for the filter.
+ */
+static int
+check_level_for_image (void)
+{
+  size_t len = UINT64_C (1) << QCOW2_MAX_CLUSTER_BITS;
+  struct qcow2_header h;
+  char err[256];
+  uint8_t *buf;
+  struct stat st;
+  ssize_t n;
+  int fd, r = 0;
+
+  fd = open (filename, O_RDONLY | O_CLOEXEC);
+  if (fd == -1)
+    return 0;
+  buf = malloc (len);
+  if (buf && fstat (fd, &st) == 0 && (n = pread (fd, buf, len, 0)) > 0 &&
+      qcow2_header_parse (buf, n, st.st_size, &h, err, sizeof err) == 0)
+    r = params_check_level (h.compression_type);
+  free (buf);
+  close (fd);
+  return r;
+}
+
 /* The image file, checked at start-up: found when the first client
  * connects, all that client would learn is that there is no export.
  * The lock test is only a test: another process may still take the
@@ -133,6 +160,9 @@ check_file (void)
                   filename);
     return -1;
   }
+  if (!create_requested && engine_options.compress &&
+      check_level_for_image () == -1)
+    return -1;
   if (engine_options.locking != QCOW2_LOCK_OFF) {
     r = qcow2_lock_probe (filename,
                           qcow2_lock_perms_for (params_readonly == 0,
