@@ -93,49 +93,59 @@ unsupported (char *errbuf, size_t errlen, const char *path, int err)
             path, strerror (err));
 }
 
-/* The conflict tests of qemu's raw_check_lock_bytes, in its order: the
- * permissions wanted, then those not shared.
+/* The first bit of BITS whose byte BASE + bit another open file
+ * description locks: 1 and *BIT set, 0 if none, or -errno.
  */
 static int
-check_conflicts (int fd, const char *path, struct qcow2_lock_perms perms,
-                 char *errbuf, size_t errlen)
+first_taken (int fd, int base, unsigned bits, unsigned *bit)
 {
   unsigned i;
   int r;
 
   for (i = 0; i < PERM_BITS; ++i) {
-    if (!(perms.held & (1u << i)))
+    if (!(bits & (1u << i)))
       continue;
-    r = byte_taken (fd, QCOW2_LOCK_SHARED_BASE + i);
-    if (r < 0) {
-      unsupported (errbuf, errlen, path, -r);
+    r = byte_taken (fd, base + i);
+    if (r != 0) {
+      *bit = i;
       return r;
-    }
-    if (r) {
-      snprintf (errbuf, errlen, "Failed to get \"%s\" lock: %s is open "
-                "elsewhere (another process or another export) and does "
-                "not share \"%s\".  Is another process using the image "
-                "[%s]?", perm_names[i], path, perm_names[i], path);
-      return -EAGAIN;
-    }
-  }
-  for (i = 0; i < PERM_BITS; ++i) {
-    if (perms.shared & (1u << i))
-      continue;
-    r = byte_taken (fd, QCOW2_LOCK_PERM_BASE + i);
-    if (r < 0) {
-      unsupported (errbuf, errlen, path, -r);
-      return r;
-    }
-    if (r) {
-      snprintf (errbuf, errlen, "Failed to get shared \"%s\" lock: %s "
-                "is open elsewhere (another process or another export) "
-                "for \"%s\".  Is another process using the image [%s]?",
-                perm_names[i], path, perm_names[i], path);
-      return -EAGAIN;
     }
   }
   return 0;
+}
+
+/* The conflict tests of qemu's raw_check_lock_bytes, in its order: the
+ * permissions wanted (someone refuses to share one), then those not
+ * shared (someone holds one).
+ */
+static int
+check_conflicts (int fd, const char *path, struct qcow2_lock_perms perms,
+                 char *errbuf, size_t errlen)
+{
+  unsigned bit;
+  int r;
+
+  r = first_taken (fd, QCOW2_LOCK_SHARED_BASE, perms.held, &bit);
+  if (r == 1) {
+    snprintf (errbuf, errlen, "Failed to get \"%s\" lock: %s is open "
+              "elsewhere (another process or another export) and does "
+              "not share \"%s\".  Is another process using the image "
+              "[%s]?", perm_names[bit], path, perm_names[bit], path);
+    return -EAGAIN;
+  }
+  if (r == 0)
+    r = first_taken (fd, QCOW2_LOCK_PERM_BASE,
+                     ~perms.shared & QCOW2_PERM_ALL, &bit);
+  if (r == 1) {
+    snprintf (errbuf, errlen, "Failed to get shared \"%s\" lock: %s "
+              "is open elsewhere (another process or another export) "
+              "for \"%s\".  Is another process using the image [%s]?",
+              perm_names[bit], path, perm_names[bit], path);
+    return -EAGAIN;
+  }
+  if (r < 0)
+    unsupported (errbuf, errlen, path, -r);
+  return r;
 }
 
 /* Take a shared lock on byte BASE + BIT for each bit of BITS. */

@@ -209,18 +209,25 @@ fallocate64 (int fd, int mode, off_t offset, off_t len)
     : real_fallocate64 (fd, mode, offset, len);
 }
 
-/* Writes at the file position: not modelled (the harness would have to
- * track the position), so they only leave a mark that fails the check.
+/* Writes at the file position, and vectored ones: not modelled (the
+ * harness would have to track the position), so they only leave a mark
+ * that fails the check.
  */
+static void
+mark_unmodelled (int fd, const char *what)
+{
+  if (fd == log_fd || !is_image (fd))
+    return;
+  pthread_mutex_lock (&lock);
+  record_unmodelled (what);
+  pthread_mutex_unlock (&lock);
+}
+
 ssize_t
 write (int fd, const void *buf, size_t count)
 {
   REAL (write);
-  if (fd != log_fd && is_image (fd)) {
-    pthread_mutex_lock (&lock);
-    record_unmodelled ("write");
-    pthread_mutex_unlock (&lock);
-  }
+  mark_unmodelled (fd, "write");
   return real_write (fd, buf, count);
 }
 
@@ -228,11 +235,7 @@ ssize_t
 writev (int fd, const struct iovec *iov, int iovcnt)
 {
   REAL (writev);
-  if (is_image (fd)) {
-    pthread_mutex_lock (&lock);
-    record_unmodelled ("writev");
-    pthread_mutex_unlock (&lock);
-  }
+  mark_unmodelled (fd, "writev");
   return real_writev (fd, iov, iovcnt);
 }
 
@@ -240,10 +243,6 @@ ssize_t
 pwritev (int fd, const struct iovec *iov, int iovcnt, off_t offset)
 {
   REAL (pwritev);
-  if (is_image (fd)) {
-    pthread_mutex_lock (&lock);
-    record_unmodelled ("pwritev");
-    pthread_mutex_unlock (&lock);
-  }
+  mark_unmodelled (fd, "pwritev");
   return real_pwritev (fd, iov, iovcnt, offset);
 }
