@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Install everything qcow2zstd needs on Debian 12 (bookworm): the build
 # tools, both compilers and the sanitizer runtimes, nbdkit and libnbd,
 # the decompression libraries, and the tools that the tests, the demo
@@ -28,12 +29,20 @@ qcow2zstd_install_deps ()
         python3 python3-libnbd
         # decompression
         libzstd-dev zlib1g-dev libdeflate-dev libisal-dev
+        # LUKS-encrypted images
+        libgnutls28-dev nettle-dev
         # tests, demo and benchmark
         qemu-utils                      # qemu-img, qemu-io, qemu-nbd
         fio e2fsprogs
         fuse3 fuse2fs                   # nbdfuse + fuse2fs mount test
         time                            # GNU /usr/bin/time for peak RSS
         valgrind
+        # a real kernel, a VM and a web server (tests/guest-functions.sh,
+        # test-mount-kernel.sh, test-vm-disk.sh, tests/nginx-functions.sh)
+        qemu-system-x86                 # qemu-system-x86_64 boots the test guest
+        cpio kmod                       # its initramfs; depmod for its modules.dep
+        nbd-client                      # the host's own kernel client, where it has one
+        nginx                           # the curl tests and bench/bench-http.sh
     )
     local missing=() p status
 

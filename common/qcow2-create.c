@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: formatting storage as a new qcow2 image.
  *
  * Layout: the header in cluster 0, the refcount table from cluster 1,
@@ -9,6 +10,9 @@
  * flushed: a crash at any moment leaves either a device whose first
  * cluster is still all zeros (so that qcow2-create can run again) or a
  * whole, valid image.
+ *
+ * Implements qcow2_create_validate and qcow2_create (qcow2.h, the
+ * contract).
  */
 
 #include <config.h>
@@ -18,8 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-types.h"
 #include "qcow2-endian.h"
+#include "qcow2-hostio.h"
 
 /* qemu 7.2 writes 112-byte v3 headers: 104 + compression type + padding. */
 #define CREATE_HEADER_LENGTH 112

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: image locking the way qemu locks image files.
  *
  * qemu (block/file-posix.c) takes open file description locks

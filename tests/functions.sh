@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Helpers sourced by the shell tests: starting and stopping nbdkit with
 # the filter from the build tree, skipping when a tool is missing, and a
 # scratch directory removed at exit.

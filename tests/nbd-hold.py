@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # A client that holds an NBD connection open: it connects, optionally
 # writes a pattern and flushes, creates READY, and stays connected until
 # STOP exists (or it is killed).  A connection the server refuses exits 1

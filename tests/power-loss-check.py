@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # The checker of the power-loss harness: crash states rebuilt from the
 # storage's write log (record-log.h), each checked with qemu-img.
 #

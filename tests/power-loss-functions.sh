@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # The power-loss harness for the shell tests: serve an image so that
 # every write and flush that reaches its storage is logged, run a client
 # workload that keeps a shadow of what it did, and check the crash states

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # The client side of the power-loss harness: one of a few workloads,
 # written through libnbd to the server under test, with every operation
 # logged to the shadow as it returns (see powerloss.py).

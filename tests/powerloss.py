@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # The power-loss harness, shared by its client (power-loss-workload.py)
 # and its checker (power-loss-check.py).
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd tests: the write log of the power-loss harness.
  *
  * The recording plugin (record-plugin.c, under the filter) and the

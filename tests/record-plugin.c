@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd tests: an nbdkit plugin that serves a file and records
  * every write and flush it does (record-log.h), for the power-loss
  * harness to rebuild crash states from.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd tests: an LD_PRELOAD shim that records what a process does
  * to one file, for the power-loss harness (the plugin form opens its
  * own file, so no plugin underneath can record it).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Fault injection: the filter over nbdkit's error filter, which fails a
 # share of the reads, writes and flushes of the plugin with EIO.  The
 # client must see the errors (EIO, not a dead server), and after the

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Replay the fuzz targets' seed corpora (qemu-made images and compressed
 # clusters, committed in tests/fuzz/corpus-*) through the engine, plus
 # mutated copies of them, so make check runs the fuzz entry points.
 source "${top_srcdir:-.}/tests/functions.sh"
 
-for t in header decode image write; do
+for t in header decode image write luks snapshot; do
     prog="$top_builddir/tests/fuzz/fuzz-$t"
     corpus="$top_srcdir/tests/fuzz/corpus-$t"
     [ -x "$prog" ] || fail "$prog is not built"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: the qemu-style image locks (qcow2-lock.c).
  *
  * Open file description locks conflict between two open()s of a file

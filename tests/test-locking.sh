@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Image locking, the way qemu locks images: two writers of ours (filter
 # and plugin in every pairing, and two exports of one nbdkit that reach
 # one file through a symlink in dir=) cannot both write, and the first

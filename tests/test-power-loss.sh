@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Power loss: every write and flush that reaches the storage is logged
 # (tests/record-plugin under the filter, tests/record-shim inside nbdkit
 # for the plugin form), and crash states rebuilt from the log must pass

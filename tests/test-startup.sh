@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # What a user can get wrong on the command line is refused at start-up,
 # before anything is opened or formatted, with the same message in the
 # filter and the plugin form: -r with qcow2-create (however nbdkit's
