@@ -89,9 +89,12 @@ qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
   uint8_t zero[8] = { 0 };
   int r;
 
+  if (!img->autoclear_on_disk)
+    return 0;
   /* This writer keeps none of the structures the autoclear bits vouch
    * for (persistent bitmaps above all), so they go, durably, before
-   * anything they vouch for changes.
+   * anything they vouch for changes.  The flag goes first, so that the
+   * write of the bits below does not come back here.
    */
   img->autoclear_on_disk = false;
   qcow2_debug (img, "first change: clearing autoclear_features 0x%" PRIx64,
