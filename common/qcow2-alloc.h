@@ -19,10 +19,9 @@
  * caller (the write entry) then runs qcow2_writeback, which applies the
  * releases, and tries again.
  *
- * Offers: qcow2_alloc_clusters, qcow2_alloc_reference,
- * qcow2_pack_reserve, qcow2_free_later, qcow2_take_frees,
- * qcow2_frees_mark, qcow2_apply_frees, qcow2_return_frees,
- * qcow2_pending_frees.
+ * Offers: qcow2_alloc_clusters, qcow2_pack_reserve, qcow2_free_later,
+ * qcow2_take_frees, qcow2_frees_mark, qcow2_apply_frees,
+ * qcow2_return_frees, qcow2_pending_frees.
  * Locks: every call with the image lock held exclusively.
  * Needs: the refcounts, host I/O, the cluster cache (released compressed
  * clusters leave it), the grace periods (qcow2-inflight.h: a release
@@ -73,13 +72,6 @@ void qcow2_alloc_free (struct qcow2_image *img);
  */
 int qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
                           uint64_t count, unsigned mode, uint64_t *offset);
-
-/* Count one more reference to host cluster CLUSTER, making its refcount
- * block if there is none (a new image counting its own metadata; it has
- * nothing to reclaim: -ENOSPC if the block finds no room).
- */
-int qcow2_alloc_reference (struct qcow2_image *img, struct qcow2_io *io,
-                           uint64_t cluster);
 
 /* Make room for LEN bytes of one cluster's compressed data in the
  * packing area: back to back with the previous cluster's, running on into

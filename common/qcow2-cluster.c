@@ -351,6 +351,11 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
     else if (ws->piece[i].action != PIECE_NONE)
       break;
   }
+  /* Before the image's first change, even a write in place waits for the
+   * lock held exclusively, which that change needs (qcow2_first_change).
+   */
+  if (in_place && atomic_load (&img->autoclear_on_disk))
+    i = 0;
   if (r == 0 && i > 0 && !qcow2_inflight_claimed (&img->inflight, gc0,
                                                   gc0 + i, &ticket)) {
     n = i;
@@ -383,6 +388,11 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
 
     if (pc->action == PIECE_NONE)
       continue;
+    /* The first thing the piece changes or writes: the autoclear bits
+     * go first (if this fails, nothing of the piece was changed yet).
+     */
+    if (!in_place && !changes && (r = qcow2_first_change (img, io)) < 0)
+      break;
     if (pc->action == PIECE_IN_PLACE) {
       in_place = true;
       continue;

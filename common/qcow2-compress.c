@@ -307,6 +307,21 @@ set_entry (struct qcow2_image *img, struct meta_table *t, uint64_t index,
   return qcow2_release (img, &pc->old);
 }
 
+/* Before the first change to guest cluster GC's entry: the image's first
+ * change (qcow2_first_change), and the cluster's L2 table, made into *T
+ * if there is none yet.
+ */
+static int
+prepare_change (struct qcow2_image *img, struct qcow2_io *io, uint64_t gc,
+                struct meta_table **t)
+{
+  int r = qcow2_first_change (img, io);
+
+  if (r == 0 && *t == NULL)
+    r = qcow2_l2_for_write (img, io, gc >> img->header.l2_bits, true, t);
+  return r;
+}
+
 /* Decide, with the image lock held exclusively, how cluster I of CTX
  * (guest cluster GC) is placed: set its entry now (zeros, a verified
  * copy), or reserve what its data needs (packed bytes, a new cluster, a
@@ -328,9 +343,11 @@ place_one (struct qcow2_image *img, struct qcow2_io *io,
   bool pending;
   int r;
 
-  r = qcow2_l2_for_write (img, io, gc >> img->header.l2_bits, true, &t);
+  /* Found, not made: a cluster that stays as it is changes nothing. */
+  r = qcow2_l2_for_write (img, io, gc >> img->header.l2_bits, false, &t);
   if (r == 0)
-    r = qcow2_classify (img, gc, be64 (t->data + index * 8), &pc->old);
+    r = qcow2_classify (img, gc, t ? be64 (t->data + index * 8) : 0,
+                        &pc->old);
   if (r < 0)
     return r;
   pc->action = PLACE_DONE;
@@ -355,7 +372,9 @@ place_one (struct qcow2_image *img, struct qcow2_io *io,
       ctx->result[i] = QCOW2_COMPRESS_PENDING;
       return ROUND_COMPRESS;
     }
-    r = qcow2_dedup_reference (img, io, ctx->dedup[i]);
+    r = prepare_change (img, io, gc, &t);
+    if (r == 0)
+      r = qcow2_dedup_reference (img, io, ctx->dedup[i]);
     if (r < 0)
       return r;
     pc->entry = ctx->dedup[i];
@@ -367,11 +386,18 @@ place_one (struct qcow2_image *img, struct qcow2_io *io,
      */
     if (qcow2_reads_as_zeros (img, &pc->old))
       return 0;
+    r = prepare_change (img, io, gc, &t);
+    if (r < 0)
+      return r;
     if (img->header.version >= 3 || img->backing == NULL)
       return set_entry (img, t, index, pc,
                         img->header.version >= 3 ? L2E_ZERO : 0);
     result = 0;                 /* v2 over a backing file: write zeros */
   }
+  /* Anything below changes the image. */
+  r = prepare_change (img, io, gc, &t);
+  if (r < 0)
+    return r;
   if (result == 0) {
     if (pc->old.kind == CLUSTER_NORMAL && (pc->old.l2_entry & L2E_COPIED)) {
       pc->action = PLACE_IN_PLACE;

@@ -152,6 +152,12 @@ struct qcow2_image {
   pthread_mutex_t scratch_lock;
   struct write_scratch *free_scratch;
   uint8_t *zero_cluster;
+  /* The header's autoclear bits are still set on the disk: the first
+   * change to the image clears them (set by qcow2-image.c at open,
+   * cleared by qcow2_first_change in qcow2-hostio.c, under the lock held
+   * exclusively; read under the lock, or by qcow2_pwrite_logged).
+   */
+  atomic_bool autoclear_on_disk;
 
   /* The backing file (qcow2-backing.c), NULL when unallocated clusters
    * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros
