@@ -351,8 +351,7 @@ for i in range(200):
 os.close(fd)
 os.kill(pid, signal.SIGKILL)
 PYEOF
-    wait "$SERVER_JOB" 2>/dev/null || true
-    SERVER_PID=
+    server_killed
 }
 if have_filter fua; then
     fresh h2.qcow2
