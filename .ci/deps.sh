@@ -34,6 +34,8 @@ qcow2zstd_install_deps ()
         fuse3 fuse2fs                   # nbdfuse + fuse2fs mount test
         time                            # GNU /usr/bin/time for peak RSS
         valgrind
+        mount                           # losetup: test-mount's loop round
+        gdb                             # where a server hangs, when one does
     )
     local missing=() p status
 
