@@ -71,6 +71,10 @@ if [ ! -f "$FILTER" ]; then
     exit 1
 fi
 
+# The test's own stderr (its log): failures are reported there even from
+# a call whose stderr the test sends elsewhere (run_nbdkit ... 2> file).
+exec {_TEST_STDERR}>&2
+
 TMPDIR_TEST=$(mktemp -d "${TMPDIR:-/tmp}/qcow2zstd-test.XXXXXX")
 # Sanitizer and valgrind reports of every nbdkit land here, whatever the
 # test does with nbdkit's stderr (and a daemon has none).
@@ -83,15 +87,23 @@ TEST_TIMEOUT=$(( ${QCOW2ZSTD_TEST_TIMEOUT:-1200} * _slow ))
 CALL_TIMEOUT=$(( ${QCOW2ZSTD_CALL_TIMEOUT:-300} * _slow ))
 STOP_TIMEOUT=$(( ${QCOW2ZSTD_STOP_TIMEOUT:-30} * _slow ))
 
-# Under --enable-sanitizers the filter needs the sanitizer runtimes loaded
-# into nbdkit, which is not built with them.  An error aborts nbdkit
-# (status 134) and its report goes to $_REPORTS.
+# tests/crash-report.c, preloaded into nbdkit: a process killed by a
+# crash signal says so on stderr (nbdkit --run exits with the command's
+# status whatever its server died of).
+: "${CRASH_REPORT:=$top_builddir/tests/.libs/crash-report.so}"
+_preload=
+[ ! -f "$CRASH_REPORT" ] || _preload=$CRASH_REPORT
 NBDKIT_ENV=()
+[ -z "$_preload" ] || NBDKIT_ENV=(env "LD_PRELOAD=$_preload")
+
+# Under --enable-sanitizers the filter needs the sanitizer runtimes loaded
+# into nbdkit, which is not built with them.  An ASan error aborts nbdkit
+# (status 134) and its report goes to $_REPORTS; UBSan's go to stderr.
 if [ "${SANITIZERS:-no}" = yes ]; then
     NBDKIT_ENV=(env
-        "LD_PRELOAD=$(${CC:-gcc} -print-file-name=libasan.so)"
+        "LD_PRELOAD=$(${CC:-gcc} -print-file-name=libasan.so)${_preload:+:$_preload}"
         "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$_REPORTS/asan"
-        "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$_REPORTS/ubsan")
+        "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 fi
 
 # VALGRIND=1 (make check-valgrind) runs every server under valgrind; a
@@ -185,11 +197,11 @@ _reports ()
 }
 
 # _log_errors LOG: print the lines of a server log that show a crash or
-# a sanitizer report; false if there are none.
+# a sanitizer report (nothing if there are none).
 _log_errors ()
 {
-    grep -E 'AddressSanitizer|LeakSanitizer|ThreadSanitizer|UndefinedBehaviorSanitizer|runtime error:|Assertion .* failed|Segmentation fault|stack smashing|double free|corrupted (size|double-linked)' \
-        "$1" 2>/dev/null | head -n 40
+    grep -E 'AddressSanitizer|LeakSanitizer|ThreadSanitizer|UndefinedBehaviorSanitizer|runtime error:|Assertion .* failed|Segmentation fault|stack smashing|double free|corrupted (size|double-linked)|qcow2zstd tests: process [0-9]+ killed by signal' \
+        "$1" 2>/dev/null | head -n 40 || true
 }
 
 # Failures inside $(...) or a background job cannot exit the test; they
@@ -199,7 +211,7 @@ _mark_failed () { : > "$TMPDIR_TEST/.failed" 2>/dev/null || true; }
 # Fail the test with a message.
 fail ()
 {
-    echo "FAIL: $*" >&2
+    echo "FAIL: $*" >&"$_TEST_STDERR"
     _mark_failed
     exit 1
 }
@@ -264,7 +276,7 @@ _server_end ()
             echo "FAIL: $what (pid $pid) did not exit within $STOP_TIMEOUT s of SIGTERM: it hangs at shutdown"
             _backtrace "$pid"
             [ -z "$log" ] || { echo "----- last lines of $log"; tail -n 30 "$log"; }
-        } >&2
+        } >&"$_TEST_STDERR"
         kill -9 "$pid" 2>/dev/null || true
         _server_status "$pid"
         _unregister_server "$pid"
@@ -282,7 +294,7 @@ _server_end ()
             fi
             _reports || true
             [ -z "$log" ] || { echo "----- last lines of $log"; tail -n 40 "$log"; }
-        } >&2
+        } >&"$_TEST_STDERR"
         return 1
     fi
     local errors
@@ -292,7 +304,7 @@ _server_end ()
             echo "FAIL: $what (pid $pid): its log shows a crash or a sanitizer report"
             [ -z "$errors" ] || echo "$errors"
             _reports || true
-        } >&2
+        } >&"$_TEST_STDERR"
         return 1
     fi
     return 0
@@ -395,9 +407,12 @@ server_killed ()
 # as the shell would, returning its exit status: for --run, --dump-plugin,
 # refusals at startup and the examples that fork a server into the
 # background.  nbdkit that crashes (killed by SIGABRT, SIGSEGV, ...),
-# shows a sanitizer report or does not finish within NBDKIT_TIMEOUT
-# (default $CALL_TIMEOUT) seconds fails the test.  A server it forks
-# into the background is watched like the others (stop_server PID).
+# shows a sanitizer report (in its stderr, which the reaper keeps a copy
+# of: UBSan writes nowhere else, and after a --run command nbdkit 1.32
+# exits with the command's status even when UBSan stopped it in .unload)
+# or does not finish within NBDKIT_TIMEOUT (default $CALL_TIMEOUT)
+# seconds fails the test.  A server it forks into the background is
+# watched like the others (stop_server PID).
 run_nbdkit ()
 {
     local limit=${NBDKIT_TIMEOUT:-$CALL_TIMEOUT} dir fd line status daemon
@@ -413,7 +428,7 @@ run_nbdkit ()
         {
             echo "FAIL: nbdkit $* did not finish within $limit s"
             for pid in $child; do _backtrace "$pid"; done
-        } >&2
+        } >&"$_TEST_STDERR"
         for pid in $child; do kill -9 "$pid" 2>/dev/null || true; done
         fail "nbdkit timed out"
     fi
@@ -421,19 +436,25 @@ run_nbdkit ()
     read -r status daemon <<<"$line"
     case $status in
         132|133|134|135|136|139)
-            _reports >&2 || true
+            _reports >&"$_TEST_STDERR" || true
             fail "nbdkit $* crashed: $(_describe_status "$status")" ;;
         99)
             if [ "${VALGRIND:-0}" = 1 ]; then
-                _reports >&2 || true
+                _reports >&"$_TEST_STDERR" || true
                 fail "valgrind found errors in nbdkit $*"
             fi ;;
     esac
-    if _reports >&2; then
+    local errors
+    errors=$(_log_errors "$dir/stderr")
+    if [ -n "$errors" ]; then
+        echo "$errors" >&"$_TEST_STDERR"
+        fail "nbdkit $*: its stderr shows a crash or a sanitizer report (above)"
+    fi
+    if _reports >&"$_TEST_STDERR"; then
         fail "nbdkit $*: a sanitizer or valgrind report (above)"
     fi
     for pid in $daemon; do
-        _register_server "$pid" "" "nbdkit $* (in the background)" "$dir"
+        _register_server "$pid" "$dir/stderr" "nbdkit $* (in the background)" "$dir"
     done
     return "$status"
 }
@@ -522,12 +543,12 @@ _cleanup ()
             _server_end "$pid" 0 || failed=1
         done
         if [ -e "$TMPDIR_TEST/.failed" ]; then
-            echo "FAIL: a check failed in a subshell (see above)" >&2
+            echo "FAIL: a check failed in a subshell (see above)" >&"$_TEST_STDERR"
             failed=1
         fi
         if _reports > "$TMPDIR_TEST/.reports.txt"; then
-            echo "FAIL: a sanitizer or valgrind report:" >&2
-            cat "$TMPDIR_TEST/.reports.txt" >&2
+            echo "FAIL: a sanitizer or valgrind report:" >&"$_TEST_STDERR"
+            cat "$TMPDIR_TEST/.reports.txt" >&"$_TEST_STDERR"
             failed=1
         fi
     fi
@@ -573,7 +594,7 @@ _watchdog_run ()
                 for pid in $procs; do
                     echo "  $pid: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-200)"
                 done
-            } >&2
+            } >&"$_TEST_STDERR"
             _mark_failed
             for pid in $procs; do kill -9 "$pid" 2>/dev/null || true; done
             kill -TERM "$main" 2>/dev/null || true
