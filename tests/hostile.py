@@ -304,7 +304,7 @@ def writes(h, model, strict):
     if size == 0:
         return "empty"
     rng = random.Random(size)
-    errors = acked = 0
+    errors = acked = written = 0
     ops = [("w", rng.randrange(size), 5000), ("w", 0, 65536),
            ("z", rng.randrange(size), 70000), ("t", 0, 131072),
            ("w", size - 1, 1), ("f", 0, 0)]
@@ -314,6 +314,7 @@ def writes(h, model, strict):
             if kind == "w":
                 h.pwrite(b"\x5a" * n, off)
                 model.append((off, n, 0x5a))
+                written += 1
             elif kind == "z":
                 h.zero(n, off)
                 model.append((off, n, 0))
@@ -341,7 +342,7 @@ def writes(h, model, strict):
     # On an image qemu-img check finds corrupt (an L2 table that two L1
     # entries share, say), one write may change what another range
     # reads, as it would through qemu.
-    return f"acknowledged={acked} write-errors={errors}" + \
+    return f"acknowledged={acked} writes-acknowledged={written} write-errors={errors}" + \
         (f" aliased-on-a-corrupt-image={aliased}" if aliased else "")
 
 

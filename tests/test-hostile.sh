@@ -81,9 +81,9 @@ served=$(grep -c "read-errors=" results.txt || true)
 refused=$(grep -c " refused(" results.txt || true)
 compared=$(grep -c "compared-with-qemu=[1-9]" results.txt || true)
 clean=$(grep -c "check-before=0 read-errors=" results.txt || true)
-written=$(grep -c "check-before=0 read-errors=.* acknowledged=[1-9]" results.txt || true)
+written=$(grep -c "check-before=0 read-errors=.* writes-acknowledged=[1-9]" results.txt || true)
 aliased=$(grep -c "aliased-on-a-corrupt-image=" results.txt || true)
-acked=$(grep -o "acknowledged=[0-9]*" results.txt | awk -F= '{ n += $2 } END { print n + 0 }')
+acked=$(grep -o " acknowledged=[0-9]*" results.txt | awk -F= '{ n += $2 } END { print n + 0 }')
 [ "$served" -gt 0 ] && [ "$refused" -gt 0 ] || fail "served $served, refused $refused"
 [ "$compared" -gt $(( served / 2 )) ] || fail "only $compared of $served images served were compared with qemu"
 [ "$written" -gt $(( clean * 3 / 4 )) ] ||
