@@ -208,12 +208,33 @@ _log_errors ()
 # leave this mark, which the exit trap turns into a failure.
 _mark_failed () { : > "$TMPDIR_TEST/.failed" 2>/dev/null || true; }
 
-# Fail the test with a message.
+# Fail the test with a message (and, when a server it started has died,
+# say so: the failing client is often only where that showed).
 fail ()
 {
     echo "FAIL: $*" >&"$_TEST_STDERR"
+    _note_dead_servers >&"$_TEST_STDERR"
     _mark_failed
     exit 1
+}
+
+_note_dead_servers ()
+{
+    local pid how
+    for pid in "${!_server_what[@]}"; do
+        _alive "$pid" && continue
+        how=
+        if [ "$BASHPID" = $$ ]; then
+            _server_status "$pid"
+            how=" with $(_describe_status "$_status")"
+        fi
+        echo "note: ${_server_what[$pid]} (pid $pid) had already exited$how"
+        if [ -n "${_server_log[$pid]}" ]; then
+            echo "----- last lines of ${_server_log[$pid]}"
+            tail -n 20 "${_server_log[$pid]}"
+        fi
+        _unregister_server "$pid"
+    done
 }
 
 # ------------------------------------------------------------- servers
