@@ -99,7 +99,12 @@ NBDKIT_ENV=()
 # Under --enable-sanitizers the filter needs the sanitizer runtimes loaded
 # into nbdkit, which is not built with them.  An ASan error aborts nbdkit
 # (status 134) and its report goes to $_REPORTS; UBSan's go to stderr.
+# tests/asan-locale-fix.c goes with it: with libasan preloaded, nbdkit
+# otherwise hangs in exit (in libp11-kit's destructor) after any error
+# message that glibc translated.
+: "${ASAN_LOCALE_FIX:=$top_builddir/tests/.libs/asan-locale-fix.so}"
 if [ "${SANITIZERS:-no}" = yes ]; then
+    [ ! -f "$ASAN_LOCALE_FIX" ] || _preload=${_preload:+$_preload:}$ASAN_LOCALE_FIX
     NBDKIT_ENV=(env
         "LD_PRELOAD=$(${CC:-gcc} -print-file-name=libasan.so)${_preload:+:$_preload}"
         "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$_REPORTS/asan"

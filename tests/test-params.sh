@@ -85,20 +85,9 @@ bad_param ()
     fi
 }
 
-for v in 0 257 -1 abc '' 1.5; do
+for v in 0 257 -1 abc '' 1.5 4294967297; do
     bad_param "qcow2-threads=$v"
 done
-# A number out of range for nbdkit_parse_unsigned: under the ASan runtime
-# nbdkit then hangs in exit, whatever the filter (nbdkit's delay filter
-# with rdelay=99999999999999999999 too): after its "could not parse
-# number: ...: Numerical result out of range", glibc's setlocale lock has
-# a negative reader count and libp11-kit's destructor waits on it in
-# freelocale forever.  Not ours; checked in the builds without it.
-if [ "${SANITIZERS:-no}" = yes ]; then
-    skip_section "qcow2-threads=4294967297: nbdkit under the ASan runtime hangs in exit after an ERANGE parse error (glibc's setlocale lock, libp11-kit's destructor)"
-else
-    bad_param "qcow2-threads=4294967297"
-fi
 for v in 1K 4095 128M 64M1 xyz '' -4K; do
     bad_param "qcow2-request-size=$v"
 done
