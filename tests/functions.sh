@@ -611,14 +611,15 @@ trap 'exit 130' INT
 _watchdog_run ()
 {
     trap - EXIT TERM INT
-    local main=$1 me=$BASHPID waited=0 pid procs
+    local main=$1 me=$BASHPID waited=0 pid procs cmd
     while kill -0 "$main" 2>/dev/null; do
         if [ "$waited" -ge "$TEST_TIMEOUT" ]; then
             procs=$(_our_processes | grep -vx "$me" || true)
             {
                 echo "FAIL: ${0##*/} ran for more than $TEST_TIMEOUT s (QCOW2ZSTD_TEST_TIMEOUT); still running:"
                 for pid in $procs; do
-                    echo "  $pid: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-200)"
+                    cmd=$(tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline" | cut -c1-200) || true
+                    [ -z "$cmd" ] || echo "  $pid: $cmd"
                 done
             } >&"$_TEST_STDERR"
             _mark_failed
