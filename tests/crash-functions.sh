@@ -3,7 +3,24 @@
 # test-plugin-durability.sh for the plugin): a run of
 # tests/crash-workload.py killed with SIGKILL at a chosen point, and the
 # checks of the image afterwards.  Sourced after functions.sh, in
-# $TMPDIR_TEST, which holds base.raw (the disk before the workload).
+# $TMPDIR_TEST.
+
+# make_base_raw MIB SEED TEXT: base.raw, the disk before the workload:
+# MIB MiB of random runs and runs of TEXT repeated.
+make_base_raw ()
+{
+    $PYTHON - "$@" <<'EOF'
+import random, sys
+mib, seed, text = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
+rng = random.Random(seed)
+size = mib << 20
+out = bytearray()
+while len(out) < size:
+    n = rng.randrange(1000, 200000)
+    out += rng.randbytes(n) if rng.randrange(2) else (text * (n // len(text) + 1))[:n]
+open("base.raw", "wb").write(out[:size])
+EOF
+}
 
 # kill_round ROUND K MODE DELAY: with the server started last serving
 # on $PWD/sock, run the crash workload (seed ROUND, MODE mixed or fua)

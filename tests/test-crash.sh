@@ -11,18 +11,8 @@ requires_nbd_python
 
 cd "$TMPDIR_TEST"
 
-$PYTHON - <<'EOF'
-import random
-rng = random.Random(11)
-size = 32 * 1024 * 1024
-out = bytearray()
-while len(out) < size:
-    n = rng.randrange(1000, 200000)
-    out += rng.randbytes(n) if rng.randrange(2) else (b"crash test text " * (n // 16 + 1))[:n]
-open("base.raw", "wb").write(out[:size])
-EOF
-
 source "$top_srcdir/tests/crash-functions.sh"
+make_base_raw 32 11 "crash test text "
 
 mid=0
 for round in 1 2 3 4 5 6 7 8; do

@@ -16,18 +16,8 @@ requires_nbd_python
 
 cd "$TMPDIR_TEST"
 
-$PYTHON - <<'EOF'
-import random
-rng = random.Random(17)
-size = 16 * 1024 * 1024
-out = bytearray()
-while len(out) < size:
-    n = rng.randrange(1000, 200000)
-    out += rng.randbytes(n) if rng.randrange(2) else (b"plugin durability " * (n // 18 + 1))[:n]
-open("base.raw", "wb").write(out[:size])
-EOF
-
 source "$top_srcdir/tests/crash-functions.sh"
+make_base_raw 16 17 "plugin durability "
 
 round=0
 for mode in mixed fua; do
