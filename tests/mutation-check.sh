@@ -188,7 +188,7 @@ restore ()
 # run_tests NAME TESTS...: make check of those tests; prints the failed.
 run_tests ()
 {
-    local name=$1 t targets=() failed=()
+    local name=$1 t targets=() fails=()
     shift
     for t in "$@"; do
         case $t in
@@ -203,11 +203,11 @@ run_tests ()
         local base=$build/${t%.sh}
         if grep -q '^:test-result: \(FAIL\|ERROR\)' "$base.trs" 2>/dev/null ||
            [ ! -f "$base.trs" ]; then
-            failed+=("${t#tests/}")
+            fails+=("${t#tests/}")
         fi
         [ ! -f "$base.log" ] || cp "$base.log" "$log/$name.${t#tests/}.log"
     done
-    echo "${failed[*]}"
+    echo "${fails[*]}"
 }
 
 export BREAKS

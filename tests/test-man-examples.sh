@@ -87,12 +87,12 @@ check_clean ()
 # in the example's line); returns nbdkit's status.
 tcp_run ()
 {
-    local n=$1 try rc
+    local n=$1 rc
     shift
     PORT=10809
     PORTTXT="default port 10809"
     local portarg=()
-    for try in 1 2 3 4 5; do
+    for _ in 1 2 3 4 5; do
         rc=0
         run_nbdkit "$@" "${portarg[@]}" 2> "$T/$n.err" || rc=$?
         cat "$T/$n.err" >&2
