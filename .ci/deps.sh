@@ -28,6 +28,8 @@ qcow2zstd_install_deps ()
         python3 python3-libnbd
         # decompression
         libzstd-dev zlib1g-dev libdeflate-dev libisal-dev
+        # LUKS-encrypted images
+        libgnutls28-dev nettle-dev
         # tests, demo and benchmark
         qemu-utils                      # qemu-img, qemu-io, qemu-nbd
         fio e2fsprogs

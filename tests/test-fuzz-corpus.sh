@@ -4,7 +4,7 @@
 # mutated copies of them, so make check runs the fuzz entry points.
 source "${top_srcdir:-.}/tests/functions.sh"
 
-for t in header decode image write; do
+for t in header decode image write luks snapshot; do
     prog="$top_builddir/tests/fuzz/fuzz-$t"
     corpus="$top_srcdir/tests/fuzz/corpus-$t"
     [ -x "$prog" ] || fail "$prog is not built"

@@ -59,5 +59,76 @@ for bits in 9 12 16; do
   zstd -q -f -c "$work/c" > "$work/c.zst" 2>/dev/null || continue
   { printf "\\x$(printf %02x $(( ((bits - 9) << 1) | 1 )))"; cat "$work/c.zst"; } > corpus-decode/zstd-$bits
 done
+# LUKS target: areas from make-luks-seed.c (one iteration, few stripes,
+# passphrase "fuzz") for each cipher path, and the header and slot 0 of
+# an image qemu-img made.
+rm -rf corpus-luks corpus-snapshot
+mkdir corpus-luks corpus-snapshot
+: > "$work/config.h"
+gcc -std=gnu11 -D_GNU_SOURCE -I"$work" -I../../common make-luks-seed.c \
+  ../../common/qcow2-luks.c ../../common/qcow2-crypto.c \
+  $(pkg-config --cflags --libs gnutls nettle) -o "$work/make-luks-seed"
+n=0
+while read -r cipher mode key_bytes hash stripes; do
+  n=$((n + 1))
+  "$work/make-luks-seed" "$cipher" "$mode" "$key_bytes" "$hash" "$stripes" \
+    corpus-luks/$n
+done <<'SEEDS'
+aes xts-plain64 64 sha256 8
+aes cbc-essiv:sha256 16 sha1 32
+aes xts-essiv:sha256 48 md5 32
+serpent xts-plain64 64 sha512 8
+twofish ctr-plain 24 sha256 64
+cast5 ecb-plain64 16 ripemd160 32
+aes cbc-plain 32 sha224 16
+SEEDS
+for try in 1 2 3; do
+  qemu-img create -q -f qcow2 --object secret,id=s0,data=fuzz \
+    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,encrypt.cipher-alg=aes-128,encrypt.cipher-mode=cbc,encrypt.ivgen-alg=essiv \
+    "$work/luks.qcow2" 1M && break
+done
+python3 - "$work/luks.qcow2" corpus-luks/qemu <<'PY'
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+off = struct.unpack(">I", d[100:104])[0]
+while True:
+    t, n = struct.unpack(">II", d[off:off + 8])
+    if t == 0x0537be77:
+        area, length = struct.unpack(">QQ", d[off + 8:off + 24])
+        break
+    off += 8 + (n + 7) // 8 * 8
+# The header and slot 0's material (16-byte key, 4000 stripes).
+open(sys.argv[2], "wb").write(d[area:area + 4096 + 64000])
+PY
+
+# Snapshot target: 16 bytes of image parameters, then the table, from
+# images with snapshots made by qemu-img.
+n=0
+for compat in 0.10 1.1; do
+  for cs in 512 65536; do
+    img=$work/s.qcow2
+    qemu-img create -q -f qcow2 -o compat=$compat,cluster_size=$cs "$img" 1M
+    for name in first 2 "with space" "$(printf 'x%.0s' $(seq 1 100))"; do
+      qemu-io -f qcow2 -c "write -P 0x42 0 4k" "$img" >/dev/null
+      qemu-img snapshot -c "$name" "$img"
+    done
+    n=$((n + 1))
+    python3 - "$img" corpus-snapshot/$n <<'PY'
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+version, bits, size = struct.unpack(">I", d[4:8])[0], struct.unpack(">I", d[20:24])[0], struct.unpack(">Q", d[24:32])[0]
+nb, table = struct.unpack(">IQ", d[60:72])
+end = table
+for _ in range(nb):
+    end = (end + 7) // 8 * 8
+    id_len, name_len = struct.unpack(">HH", d[end + 12:end + 16])
+    extra = struct.unpack(">I", d[end + 36:end + 40])[0]
+    end += 40 + extra + id_len + name_len
+params = bytes([version - 2, bits - 9]) + struct.pack(">I", nb) + b"\0\0" + struct.pack(">Q", size)
+open(sys.argv[2], "wb").write(params + d[table:end])
+PY
+  done
+done
+
 ls corpus-* | wc -l
 du -sh corpus-*
