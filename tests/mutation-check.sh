@@ -4,7 +4,7 @@
 #     bash tests/mutation-check.sh [BREAK...]
 #
 # Not part of make check: run it by hand (it takes a while: every break
-# rebuilds the tree and runs its tests; about 25 minutes for all of them
+# rebuilds the tree and runs its tests; about 12 minutes for all of them
 # on 2 cores).  It copies the source tree (the files git knows, with
 # their uncommitted changes) to a scratch directory, builds it once,
 # runs every test named below on the unbroken tree (the baseline: none
