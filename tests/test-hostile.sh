@@ -50,7 +50,7 @@ rw_pid=$SERVER_PID
 # One client for all the images (its own watchdog reports a hang, naming
 # the image); the whole run may take a few minutes under the sanitizers.
 rc=0
-CALL_TIMEOUT=$(( CALL_TIMEOUT * 3 )) xargs -a names.txt $PYTHON "$top_srcdir/tests/hostile.py" run \
+CALL_TIMEOUT=$(( CALL_TIMEOUT * 3 )) _client_call xargs -a names.txt /usr/bin/python3 "$top_srcdir/tests/hostile.py" run \
     "$PWD/ro.sock" "$PWD/ro.sock.log" "$PWD/rw.sock" "$PWD/rw.sock.log" "$PWD/rw" > results.txt || rc=$?
 
 _alive "$ro_pid" || fail "the read-only server died"
