@@ -564,6 +564,9 @@ requires_nbd_python ()
 _cleanup ()
 {
     local status=${1:-$?} failed=0 pid
+    # Whatever goes wrong here, the rest must still run: nothing of the
+    # test may be left running.
+    set +eu
     kill "$_watchdog" 2>/dev/null || true
     if [ "$status" = 0 ]; then
         for pid in "${!_server_what[@]}"; do
