@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # qcow2zstd demo: from a fresh Debian 12 machine to a verified copy.
 #
 #     bash demo.sh          (as root, from the top of the repository)

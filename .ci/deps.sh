@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Install everything qcow2zstd needs on Debian 12 (bookworm): the build
 # tools, both compilers and the sanitizer runtimes, nbdkit and libnbd,
 # the decompression libraries, and the tools that the tests, the demo
@@ -38,6 +39,12 @@ qcow2zstd_install_deps ()
         valgrind
         mount                           # losetup: test-mount's loop round
         gdb                             # where a server hangs, when one does
+        # a real kernel, a VM and a web server (tests/guest-functions.sh,
+        # test-mount-kernel.sh, test-vm-disk.sh, tests/nginx-functions.sh)
+        qemu-system-x86                 # qemu-system-x86_64 boots the test guest
+        cpio kmod                       # its initramfs; depmod for its modules.dep
+        nbd-client                      # the host's own kernel client, where it has one
+        nginx                           # the curl tests and bench/bench-http.sh
     )
     local missing=() p status
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Compression benchmark: the read benchmark's raw image (make-image.sh)
 # copied with nbdcopy into the qcow2zstd filter in create mode, against
 # qemu-img convert -c on the same input in the same run, for zstd and zlib.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Crypto library benchmark for LUKS-encrypted images: builds bench-xts.c
 # against OpenSSL's libcrypto, GnuTLS and nettle and runs it once, single
 # thread.  It prints AES-256-XTS (per 512-byte sector with a plain64 IV,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Read benchmark: the qcow2zstd filter against qemu-nbd and against the
 # raw image through nbdkit's file plugin (the transport floor), on a
 # compressed ext4 image built from files on this machine.
@@ -346,10 +347,7 @@ echo "Filter: $FILTER_ORIG (built $FILTER_BUILT, sha256 $FILTER_SHA..., run from
 [ ${#FILTER_ARGS[@]} -eq 0 ] || echo "Filter parameters: ${FILTER_ARGS[*]}"
 echo "Runs: $BENCH_RUNS per measurement, contenders alternating within each repetition; results in $RES_DIR"
 
-if [ "$BENCH_NICE" != 0 ]; then
-    renice -n "$BENCH_NICE" -p $$ >/dev/null || die "renice $BENCH_NICE failed"
-    echo "Priority: nice $BENCH_NICE for the servers and clients (BENCH_NICE)"
-fi
+bench_nice
 echo "Load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 probe_drop_caches

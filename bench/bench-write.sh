@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Write benchmark: 4 KiB random writes and 1 MiB sequential writes through
 # the qcow2zstd filter (nbdkit file) against qemu-nbd, both serving a
 # fresh writable copy of the same zstd-compressed qcow2 image (64k

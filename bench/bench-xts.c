@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd benchmark: AES-XTS, AES-CBC and PBKDF2 speed of the crypto
  * libraries a LUKS-encrypted qcow2 could be served with (OpenSSL's
  * libcrypto, GnuTLS, nettle), single thread, on this machine.

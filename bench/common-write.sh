@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Helpers shared by bench-write.sh and bench-compress.sh (sourced, not
 # run).  Builds on common.sh (through make-image.sh, for the cached
 # images) and changes nothing there: the read benchmark keeps working the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash disable=SC2034
 # Shared helpers for the qcow2zstd benchmarks (sourced, not run).
 #
@@ -114,6 +115,15 @@ target ()
         "$label" "$(fmt 2 "$value")" "$op" "$limit" "$verdict")")
 }
 TARGET_SUMMARY=()
+
+# bench_nice: with BENCH_NICE set (not 0), run this shell and all it
+# starts at that nice value, and say so.
+bench_nice ()
+{
+    [ "${BENCH_NICE:-0}" != 0 ] || return 0
+    renice -n "$BENCH_NICE" -p $$ > /dev/null || die "renice $BENCH_NICE failed"
+    echo "Priority: nice $BENCH_NICE for the servers and clients (BENCH_NICE)"
+}
 
 # ---------------------------------------------------------------------
 # /proc accounting of a server process.
@@ -245,6 +255,7 @@ trap 'exit 130' INT TERM
 #   KIND raw:    nbdkit file IMAGE                      (transport floor)
 #        qemu:   qemu-nbd -r -f qcow2 --persistent -e 8 (qemu's qcow2 driver)
 #        filter: nbdkit --filter=$FILTER [EXTRA...] file IMAGE
+#        curl:   nbdkit -r --filter=$FILTER curl IMAGE [EXTRA...] (IMAGE a URL)
 start_server ()
 {
     local name=$1 kind=$2 image=$3 i
@@ -264,6 +275,10 @@ start_server ()
             ;;
         filter)
             nbdkit -f -U "$SERVER_SOCK" --filter="$FILTER" file "$image" "$@" \
+                2>>"$SERVER_LOG" </dev/null &
+            ;;
+        curl)
+            nbdkit -f -r -U "$SERVER_SOCK" --filter="$FILTER" curl "$image" "$@" \
                 2>>"$SERVER_LOG" </dev/null &
             ;;
         *) die "start_server: unknown kind $kind" ;;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Build (or reuse) the benchmark images under $BENCH_DIR/{full,quick}/:
 #
 #   raw.img        ext4 made by mke2fs -d from a staging copy of files on

@@ -1,12 +1,5 @@
-/* qcow2zstd engine: backing files.
- *
- * An image whose header names a backing file reads its unallocated
- * clusters from it, and a partial write into such a cluster copies the
- * rest of the cluster from it.  The backing file is raw or qcow2 (which
- * may have a backing file of its own: a chain, up to MAX_CHAIN deep), is
- * opened read-only by the engine itself, and is read in the calling
- * thread.  Past its end it reads as zeros.
- */
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: backing files (see qcow2-backing.h). */
 
 #include <config.h>
 
@@ -16,9 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-backing.h"
+#include "qcow2-conn.h"
 #include "qcow2-endian.h"
 #include "qcow2-fileio.h"
+#include "qcow2-header.h"
+#include "qcow2-hostio.h"
 
 #define MAX_CHAIN 16
 
@@ -28,7 +24,7 @@ struct backing {
   struct qcow2_io io;
   uint64_t size;                /* raw: file size; qcow2: virtual size */
   struct qcow2_image *img;      /* qcow2 only */
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
 };
 
 struct format_search {
@@ -76,6 +72,32 @@ resolve_path (struct qcow2_image *img, const char *name, char **path)
   return 0;
 }
 
+static int
+backing_read (struct qcow2_image *img, void *buf, uint64_t len,
+              uint64_t offset)
+{
+  struct backing *b = img->backing;
+  uint64_t avail = offset < b->size ? b->size - offset : 0;
+  uint64_t n = len < avail ? len : avail;
+  int r = 0;
+
+  if (n > 0) {
+    if (b->is_qcow2)
+      r = qcow2_read (b->conn, &b->io, buf, n, offset);
+    else {
+      r = b->io.pread (b->io.opaque, buf, n, offset);
+      if (r < 0)
+        qcow2_error (img, "read of the backing file %s failed: %s",
+                     b->path, strerror (-r));
+    }
+    if (r < 0)
+      return r;
+  }
+  if (n < len)
+    memset ((uint8_t *) buf + n, 0, len - n);
+  return 0;
+}
+
 int
 qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
                     size_t first_len)
@@ -108,6 +130,7 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
   if (b == NULL)
     return -ENOMEM;
   img->backing = b;
+  img->read_backing = backing_read;
   r = resolve_path (img, name, &b->path);
   if (r < 0)
     return r;
@@ -156,8 +179,8 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
       return r;
     }
     b->img->opts.image_dir = NULL;  /* the string is gone; not needed now */
-    b->reader = qcow2_reader_new (b->img);
-    if (b->reader == NULL)
+    b->conn = qcow2_conn_new (b->img);
+    if (b->conn == NULL)
       return -ENOMEM;
     b->size = b->img->header.virtual_size;
   }
@@ -179,37 +202,12 @@ qcow2_backing_close (struct qcow2_image *img)
 
   if (b == NULL)
     return;
-  qcow2_reader_free (b->reader);
+  qcow2_conn_free (b->conn);
   qcow2_image_close (b->img);
   if (b->io.opaque)
     qcow2_fileio_close (&b->io);
   free (b->path);
   free (b);
   img->backing = NULL;
-}
-
-int
-qcow2_backing_read (struct qcow2_image *img, void *buf, uint64_t len,
-                    uint64_t offset)
-{
-  struct backing *b = img->backing;
-  uint64_t avail = offset < b->size ? b->size - offset : 0;
-  uint64_t n = len < avail ? len : avail;
-  int r = 0;
-
-  if (n > 0) {
-    if (b->is_qcow2)
-      r = qcow2_read (b->reader, &b->io, buf, n, offset);
-    else {
-      r = b->io.pread (b->io.opaque, buf, n, offset);
-      if (r < 0)
-        qcow2_error (img, "read of the backing file %s failed: %s",
-                     b->path, strerror (-r));
-    }
-    if (r < 0)
-      return r;
-  }
-  if (n < len)
-    memset ((uint8_t *) buf + n, 0, len - n);
-  return 0;
+  img->read_backing = NULL;
 }

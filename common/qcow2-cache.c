@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: sharded CLOCK cache of fixed-size slots. */
 
 #include <config.h>

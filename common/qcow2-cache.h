@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: a bounded cache of fixed-size slots keyed by u64.
  *
  * Used for L2 tables (key: host offset of the table) and for decompressed

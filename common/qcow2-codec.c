@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: decoders and encoders for zlib-type and zstd-type
  * clusters.
  */
@@ -276,12 +277,10 @@ encode_zlib (struct qcow2_encoder *enc, int level,
 
 /* Hash tables for cluster-sized inputs.  zstd's rows for small inputs
  * give levels 3 and up (double-fast and beyond) hash and chain tables
- * smaller than a cluster can use; with hash log 17 and chain log 16 for
- * 64 KiB clusters, level 3 compressed the benchmark image's clusters
- * 0.1% smaller and no slower (0-10% faster, measured with both cores
- * busy).  Levels 1-2 (the fast strategy) only get slower with larger
- * tables.  Capped so that 2 MiB clusters do not get tables that fall
- * out of the CPU caches.
+ * smaller than a cluster can use; tables sized to the cluster compress a
+ * little smaller at no cost in speed.  Levels 1-2 (the fast strategy)
+ * only get slower with larger tables.  Capped so that 2 MiB clusters do
+ * not get tables that fall out of the CPU caches.
  */
 #define ZSTD_HASH_LOG_MAX 17
 #define ZSTD_CHAIN_LOG_MAX 16
@@ -359,9 +358,8 @@ qcow2_encode_cluster (struct qcow2_encoder *enc, enum qcow2_compression type,
 int
 qcow2_compression_default_level (enum qcow2_compression type)
 {
-  /* zstd: qemu's level.  zlib: one below qemu's 6, which on the
-   * benchmark image's clusters deflates in about 20% less time for 0.6%
-   * more output.
+  /* zstd: qemu's level.  zlib: one below qemu's 6, which deflates
+   * clusters markedly faster for slightly larger output.
    */
   return type == QCOW2_COMPRESSION_ZSTD ? 3 : 5;
 }

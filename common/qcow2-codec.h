@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: decoding one compressed cluster.
  *
  * A struct qcow2_decoder holds reusable decoder state (a ZSTD_DCtx, a

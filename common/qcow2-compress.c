@@ -1,11 +1,6 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: compressing whole clusters on the image's compressor
- * threads.
- *
- * A write of whole clusters is compressed before the image lock is
- * taken, one job per cluster; only placing the results needs the lock.
- * Batch contexts (source pointers, results, the output area) are kept on
- * a per-reader free list and grow to the largest batch seen, so a stream
- * of writes allocates nothing.
+ * threads, and placing the results (see qcow2-compress.h).
  */
 
 #include <config.h>
@@ -15,9 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-compress.h"
+#include "qcow2-alloc.h"
+#include "qcow2-cluster.h"
 #include "qcow2-codec.h"
+#include "qcow2-dedup.h"
+#include "qcow2-endian.h"
+#include "qcow2-entries.h"
+#include "qcow2-hostio.h"
+#include "qcow2-map.h"
 #include "qcow2-pool.h"
+#include "qcow2-writeback.h"
 
 /* Output per batch: enough to keep two threads busy, small enough that
  * many concurrent requests stay cheap in memory.
@@ -35,98 +38,6 @@ qcow2_compress_batch_max (const struct qcow2_image *img)
   return n ? n : 1;
 }
 
-static void
-ctx_free (struct compress_ctx *ctx)
-{
-  if (ctx == NULL)
-    return;
-  free (ctx->src);
-  free (ctx->src_len);
-  free (ctx->result);
-  free (ctx->hash);
-  free (ctx->dedup);
-  free (ctx->out);
-  pthread_cond_destroy (&ctx->finished);
-  free (ctx);
-}
-
-struct compress_ctx *
-qcow2_compress_ctx_get (struct qcow2_reader *reader, size_t clusters)
-{
-  struct qcow2_image *img = qcow2_reader_image (reader);
-  pthread_mutex_t *lock = qcow2_reader_lock (reader);
-  struct compress_ctx **free_list = qcow2_reader_compress_free (reader);
-  struct compress_ctx *ctx;
-
-  pthread_mutex_lock (lock);
-  ctx = *free_list;
-  if (ctx)
-    *free_list = ctx->next_free;
-  pthread_mutex_unlock (lock);
-
-  if (ctx == NULL) {
-    ctx = calloc (1, sizeof *ctx);
-    if (ctx == NULL)
-      goto nomem;
-    ctx->img = img;
-    pthread_cond_init (&ctx->finished, NULL);
-  }
-  if (ctx->capacity < clusters) {
-    const uint8_t **src = realloc (ctx->src, clusters * sizeof *src);
-    if (src)
-      ctx->src = src;
-    uint32_t *src_len = realloc (ctx->src_len, clusters * sizeof *src_len);
-    if (src_len)
-      ctx->src_len = src_len;
-    int64_t *result = realloc (ctx->result, clusters * sizeof *result);
-    if (result)
-      ctx->result = result;
-    uint64_t *hash = realloc (ctx->hash, clusters * sizeof *hash);
-    if (hash)
-      ctx->hash = hash;
-    uint64_t *dedup = realloc (ctx->dedup, clusters * sizeof *dedup);
-    if (dedup)
-      ctx->dedup = dedup;
-    free (ctx->out);
-    ctx->out = malloc (clusters * (size_t) img->header.cluster_size);
-    if (!src || !src_len || !result || !hash || !dedup || !ctx->out) {
-      ctx_free (ctx);
-      goto nomem;
-    }
-    ctx->capacity = clusters;
-  }
-  ctx->count = 0;
-  return ctx;
-
- nomem:
-  qcow2_error (img, "out of memory for compressing a write");
-  return NULL;
-}
-
-void
-qcow2_compress_ctx_put (struct qcow2_reader *reader, struct compress_ctx *ctx)
-{
-  pthread_mutex_t *lock = qcow2_reader_lock (reader);
-  struct compress_ctx **free_list = qcow2_reader_compress_free (reader);
-
-  pthread_mutex_lock (lock);
-  ctx->next_free = *free_list;
-  *free_list = ctx;
-  pthread_mutex_unlock (lock);
-}
-
-void
-qcow2_compress_ctx_free_all (struct qcow2_reader *reader)
-{
-  struct compress_ctx **free_list = qcow2_reader_compress_free (reader);
-
-  while (*free_list) {
-    struct compress_ctx *ctx = *free_list;
-    *free_list = ctx->next_free;
-    ctx_free (ctx);
-  }
-}
-
 static bool
 all_zero (const uint8_t *p, size_t len)
 {
@@ -141,14 +52,9 @@ all_zero (const uint8_t *p, size_t len)
  * context of its own.  A worker that has jobs queued keeps running them,
  * so it stays on its CPU and its context's tables (most of a megabyte
  * for zstd) stay in that CPU's cache; the thread that received the write
- * hands its whole batch over and sleeps once.  Before, the serving
- * threads and the connections' pool workers compressed in turn, sharing
- * one context per CPU: dozens of threads, a wake-up for each cluster,
- * and CPUs left idle for a millisecond at a time while a woken thread
- * waited on the other CPU's run queue.  In 6 alternating pairs of the
- * zstd copy of the compression benchmark (2 CPUs), the change took the
- * median wall time from 8.86 s to 7.83 s, and the CPUs from about 91%
- * to 96% busy.
+ * hands its whole batch over and sleeps once, rather than every serving
+ * thread waking a worker for each cluster and leaving CPUs idle while a
+ * woken thread waits for one.
  *
  * The pool starts with the image's first compressing write and stops
  * when the image is closed.
@@ -250,12 +156,6 @@ qcow2_compress_run (struct compress_ctx *ctx)
       n = cpus;
     img->compressors = qcow2_pool_new (n, compressor_new, compressor_free,
                                        img);
-    if (img->compressors && qcow2_dedup_init (img) < 0) {
-      qcow2_pool_free (img->compressors);
-      img->compressors = NULL;
-      pthread_mutex_unlock (&img->compressors_lock);
-      return -ENOMEM;
-    }
   }
   pool = img->compressors;
   pthread_mutex_unlock (&img->compressors_lock);
@@ -269,6 +169,180 @@ qcow2_compress_run (struct compress_ctx *ctx)
   if (atomic_load (&ctx->failed)) {
     qcow2_error (img, "%s", ctx->errmsg);
     return -EIO;
+  }
+  return 0;
+}
+
+void
+qcow2_compress_free (struct qcow2_image *img)
+{
+  qcow2_pool_free (img->compressors);
+  img->compressors = NULL;
+  qcow2_encoder_free (img->wencoder);
+  img->wencoder = NULL;
+}
+
+/* ------------------------------------------------ placing the results */
+
+/* Compress a cluster whose shared copy turned out to be gone or different
+ * (under the lock: rare).  Returns what compress_job would have stored in
+ * result: the length in OUT, or 0 to store it plain.
+ */
+static int64_t
+compress_locked (struct qcow2_image *img, const uint8_t *src,
+                 uint32_t src_len, uint8_t *out)
+{
+  const uint32_t cluster_size = img->header.cluster_size;
+  const uint8_t *in = src;
+  char err[256];
+  int64_t len;
+
+  if (img->wencoder == NULL) {
+    img->wencoder = qcow2_encoder_new ();
+    if (img->wencoder == NULL) {
+      qcow2_error (img, "out of memory for compressing a write");
+      return -ENOMEM;
+    }
+  }
+  if (src_len < cluster_size) {
+    memcpy (img->wbuf, src, src_len);
+    memset (img->wbuf + src_len, 0, cluster_size - src_len);
+    in = img->wbuf;
+  }
+  len = qcow2_encode_cluster (img->wencoder, img->header.compression_type,
+                              img->opts.compression_level, in, cluster_size,
+                              out, cluster_size - 1, err, sizeof err);
+  if (len < 0) {
+    qcow2_error (img, "%s", err);
+    return -EIO;
+  }
+  return len;
+}
+
+/* Pack LEN bytes of compressed data of cluster I of CTX (guest cluster
+ * GC), and set *NEW_ENTRY to describe them.  If MAY_SHARE, first look
+ * for a copy of the same data that another write placed while this one
+ * was being compressed (or that came earlier in the same batch), and
+ * share it instead.
+ */
+static int
+store_compressed (struct qcow2_image *img, struct qcow2_io *io,
+                  struct compress_ctx *ctx, size_t i, uint64_t gc,
+                  int64_t len, bool may_share, uint64_t *new_entry)
+{
+  const bool whole = ctx->src_len[i] == img->header.cluster_size;
+  uint64_t copy, host;
+  int r;
+
+  if (may_share && whole &&
+      (copy = qcow2_dedup_find (img, ctx->hash[i])) != 0) {
+    r = qcow2_dedup_share (img, io, gc, copy, ctx->src[i], ctx->src_len[i]);
+    if (r < 0)
+      return r;
+    if (r == 1) {
+      *new_entry = copy;
+      return 0;
+    }
+  }
+  r = qcow2_pack_compressed (img, io,
+                       ctx->out + i * (size_t) img->header.cluster_size,
+                       len, &host);
+  if (r < 0)
+    return r;
+  *new_entry = L2E_COMPRESSED | host |
+    ((((host + len - 1) >> 9) - (host >> 9)) << img->csize_shift);
+  if (whole)
+    qcow2_dedup_remember (img, ctx->hash[i], *new_entry);
+  return 0;
+}
+
+/* Store the compression result of cluster I of CTX, guest cluster GC:
+ * its compressed data, its shared copy, its plain data or nothing (all
+ * zero).
+ */
+static int
+place_cluster (struct qcow2_image *img, struct qcow2_io *io,
+               struct compress_ctx *ctx, size_t i, uint64_t gc)
+{
+  uint64_t l1_index = gc >> img->header.l2_bits;
+  uint64_t index = gc & ((UINT64_C (1) << img->header.l2_bits) - 1);
+  const uint8_t *src = ctx->src[i];
+  const uint32_t src_len = ctx->src_len[i];
+  uint8_t *cdata = ctx->out + i * (size_t) img->header.cluster_size;
+  int64_t result = ctx->result[i];
+  struct meta_table *t;
+  struct cluster_map map;
+  uint64_t entry, new_entry;
+  int r;
+
+  r = qcow2_l2_for_write (img, io, l1_index, true, &t);
+  if (r < 0)
+    return r;
+  entry = be64 (t->data + index * 8);
+  r = qcow2_classify (img, gc, entry, &map);
+  if (r < 0)
+    return r;
+  if (result == QCOW2_COMPRESS_DUPLICATE) {
+    r = qcow2_dedup_share (img, io, gc, ctx->dedup[i], src, src_len);
+    if (r < 0)
+      return r;
+    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "guest cluster %" PRIu64 ": %s "
+                    "compressed entry 0x%" PRIx64, gc,
+                    r ? "shares" : "cannot share", ctx->dedup[i]);
+    if (r == 0) {
+      result = compress_locked (img, src, src_len, cdata);
+      if (result < 0)
+        return result;
+    }
+  }
+  if (result == 0)
+    return qcow2_write_cluster (img, io, t, index, gc, src, 0, src_len);
+
+  if (result == QCOW2_COMPRESS_ALL_ZERO) {
+    /* What already reads as zeros stays as it is (an unallocated cluster
+     * of a new image, as qemu-img convert leaves it).
+     */
+    if (qcow2_reads_as_zeros (img, &map))
+      return 0;
+    if (img->header.version < 3 && img->backing)
+      return qcow2_write_cluster (img, io, t, index, gc, src, 0, src_len);
+    new_entry = img->header.version >= 3 ? L2E_ZERO : 0;
+  }
+  else if (result == QCOW2_COMPRESS_DUPLICATE)
+    new_entry = ctx->dedup[i];
+  else {
+    r = store_compressed (img, io, ctx, i, gc, result,
+                          ctx->result[i] != QCOW2_COMPRESS_DUPLICATE,
+                          &new_entry);
+    if (r < 0)
+      return r;
+  }
+  put_be64 (t->data + index * 8, new_entry);
+  t->dirty = true;
+  return qcow2_release (img, &map);
+}
+
+int
+qcow2_compress_place (struct qcow2_image *img, struct qcow2_io *io,
+                      struct compress_ctx *ctx, uint64_t first_gc,
+                      size_t *step)
+{
+  int r;
+
+  /* Compressed clusters first, plain ones after: a plain cluster placed
+   * in between would take the host cluster that the packed data was to
+   * run on into, and leave the rest of the current one unused.  Steps
+   * [0, count) are the first pass, [count, 2 * count) the second.
+   */
+  for (; *step < 2 * ctx->count; ++*step) {
+    size_t i = *step % ctx->count;
+    bool plain_pass = *step >= ctx->count;
+
+    if ((ctx->result[i] == 0) == plain_pass) {
+      r = place_cluster (img, io, ctx, i, first_gc + i);
+      if (r < 0)
+        return r;
+    }
   }
   return 0;
 }

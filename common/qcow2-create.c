@@ -1,9 +1,13 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: formatting storage as a new qcow2 image.
  *
  * Layout, as qemu-img create lays out a new image: the header in cluster
  * 0, the refcount table from cluster 1, the L1 table after it.  The
  * refcount blocks are made by the ordinary allocator when the metadata
  * clusters are counted, so there is one code path for refcounts.
+ *
+ * Implements qcow2_create_validate and qcow2_create (qcow2.h, the
+ * contract).
  */
 
 #include <config.h>
@@ -13,8 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-types.h"
+#include "qcow2-alloc.h"
 #include "qcow2-endian.h"
+#include "qcow2-hostio.h"
+#include "qcow2-writeback.h"
 
 /* qemu 7.2 writes 112-byte v3 headers: 104 + compression type + padding. */
 #define CREATE_HEADER_LENGTH 112
@@ -182,7 +189,7 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
     goto out;
   pthread_rwlock_wrlock (&img->lock);
   for (pos = 0; pos < meta_clusters && r == 0; ++pos)
-    r = qcow2_refcount_add (img, io, pos, 1);
+    r = qcow2_alloc_reference (img, io, pos);
   pthread_rwlock_unlock (&img->lock);
   if (r == 0)
     r = qcow2_flush (img, io);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: sector ciphers, hashes and PBKDF2 over GnuTLS and
  * nettle.
  *

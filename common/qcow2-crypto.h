@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the ciphers, hashes and key derivation that LUKS
  * images need, over GnuTLS and nettle.
  *

@@ -1,18 +1,6 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: sharing one compressed cluster between guest clusters
- * with the same data.
- *
- * qcow2 lets several L2 entries describe the same compressed range, each
- * counted once in every host cluster the range touches (as snapshots
- * do); qemu reads such an image, writes to it (a compressed cluster is
- * never overwritten in place) and checks it clean.  Copying a disk in,
- * the second and later copies of a cluster then cost a hash and a
- * decompression instead of a compression, and take no space.
- *
- * The table maps a hash of a cluster's data to the L2 entry it was last
- * stored under.  It is only a hint: before an entry is reused, under the
- * image lock, the range is read back, decompressed and compared with the
- * new data, and its refcounts are checked, so a hash collision or a
- * range freed and reused since costs time, never data.
+ * with the same data (see qcow2-dedup.h).
  */
 
 #include <config.h>
@@ -21,8 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-dedup.h"
 #include "qcow2-codec.h"
+#include "qcow2-hostio.h"
+#include "qcow2-map.h"
+#include "qcow2-refcount.h"
 
 struct dedup_slot {
   uint64_t hash;
@@ -58,9 +49,8 @@ qcow2_dedup_hash (const uint8_t *data, size_t len)
   /* Running sums and sums of sums (position dependent) of the data's
    * 64-bit words in eight lanes, mixed at the end.  Every cluster written
    * is hashed, and a weak hash only costs a comparison on a collision:
-   * this takes about 2 us per 64 KiB cluster held in cache (4 us in a
-   * copy of the benchmark image), against about 7 to 11 us for a hash
-   * with a multiply per word, and 300 us to compress the cluster.
+   * additions keep up with memory, where a multiply per word would not,
+   * and either is cheap next to compressing the cluster.
    */
   const uint64_t k1 = UINT64_C (0x9e3779b97f4a7c15);  /* 2^64 / golden ratio */
   const uint64_t k2 = UINT64_C (0xd6e8feb86659fd93);
@@ -107,11 +97,8 @@ qcow2_dedup_init (struct qcow2_image *img)
     qcow2_error (img, "out of memory for the table of compressed clusters");
     return -ENOMEM;
   }
-  pthread_mutex_lock (&img->dedup_lock);
-  free (img->dedup);
   img->dedup = table;
   img->dedup_mask = slots - 1;
-  pthread_mutex_unlock (&img->dedup_lock);
   return 0;
 }
 
@@ -171,20 +158,6 @@ qcow2_dedup_remember (struct qcow2_image *img, uint64_t hash, uint64_t entry)
   pthread_mutex_unlock (&img->dedup_lock);
 }
 
-/* The host clusters the range of compressed MAP is counted in, as
- * release() in qcow2-write.c frees them.
- */
-static void
-range_clusters (const struct qcow2_image *img, const struct cluster_map *map,
-                uint64_t *first, uint64_t *last)
-{
-  uint64_t start = map->host_offset & ~UINT64_C (511);
-  uint64_t len = (map->host_offset & 511) + map->compressed_len;
-
-  *first = start >> img->header.cluster_bits;
-  *last = (start + len - 1) >> img->header.cluster_bits;
-}
-
 int
 qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
                    uint64_t guest_cluster, uint64_t entry,
@@ -192,14 +165,16 @@ qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
 {
   const uint32_t cluster_size = img->header.cluster_size;
   struct cluster_map map;
-  uint64_t first, last, c, refcount;
+  uint64_t start, len, first, last, c, refcount;
   char err[256];
   int r;
 
   if (qcow2_classify (img, guest_cluster, entry, &map) < 0 ||
       map.kind != CLUSTER_COMPRESSED)
     return -EIO;
-  range_clusters (img, &map, &first, &last);
+  qcow2_compressed_span (&map, &start, &len);
+  first = start >> img->header.cluster_bits;
+  last = (start + len - 1) >> img->header.cluster_bits;
   for (c = first; c <= last; ++c) {
     r = qcow2_refcount_get (img, io, c, &refcount);
     if (r < 0)
@@ -226,10 +201,10 @@ qcow2_dedup_share (struct qcow2_image *img, struct qcow2_io *io,
     return 0;
 
   for (c = first; c <= last; ++c) {
-    r = qcow2_refcount_add (img, io, c, 1);
+    r = qcow2_refcount_add (img, io, c, 1, NULL);
     if (r < 0) {
       while (c-- > first)
-        qcow2_refcount_add (img, io, c, -1);
+        qcow2_refcount_add (img, io, c, -1, NULL);
       return r;
     }
   }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: big-endian loads and stores.  Every qcow2 integer on
  * disk is big-endian; memcpy keeps the accesses legal at any alignment.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the error convention of the leaf modules.
  *
  * A function that can fail takes a buffer ERRBUF of ERRLEN bytes and, when

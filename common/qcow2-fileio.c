@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: file I/O for backing files and the plugin. */
 
 #include <config.h>

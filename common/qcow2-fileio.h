@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: a struct qcow2_io over a file of the local
  * filesystem.  Backing files are read through it, and the plugin form
  * serves its image through it (and can grow that file).

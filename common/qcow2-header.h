@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the qcow2 header, parsed and validated.
  *
  * qcow2_header_parse() turns the first cluster of an image into a
@@ -84,9 +85,12 @@ struct qcow2_header {
 int qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
                         struct qcow2_header *h, char *errbuf, size_t errlen);
 
-/* Refuse what the engine cannot serve: backing files, encryption,
- * external data files, unknown incompatible bits, extended L2.  Same
- * error convention as qcow2_header_parse.
+/* Refuse what the engine cannot serve: unknown incompatible bits,
+ * encryption, external data files, extended L2 entries with clusters
+ * below 16 KiB (extended L2 itself is served, read-only), and backing
+ * files: qcow2_image_open, which opens a backing file itself, checks the
+ * header as if it had none.  Same error convention as
+ * qcow2_header_parse.
  */
 int qcow2_header_check_features (const struct qcow2_header *h,
                                  char *errbuf, size_t errlen);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the storage and logging interfaces the engine uses.
  *
  * The engine never calls nbdkit.  Whoever drives it (the nbdkit filter,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: LUKS1 headers: parse, unlock, create.
  *
  * The on-disk format is cryptsetup's LUKS1 ("LUKS On-Disk Format

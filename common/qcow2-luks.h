@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the LUKS1 header of an encrypted qcow2 image.
  *
  * An image with crypt_method 2 keeps a LUKS1 header and its key material

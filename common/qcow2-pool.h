@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: a small pool of worker threads running batches of jobs.
  *
  * Each NBD connection has a pool that decodes, and each image written

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the internal snapshot table: parse, look up, check. */
 
 #include <config.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the internal snapshot table.
  *
  * The header's snapshots_offset and nb_snapshots locate a table of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: a map from host offsets to in-memory metadata tables.
  *
  * Holds the L2 tables that writes changed but that are not on disk yet,

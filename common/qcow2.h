@@ -1,10 +1,11 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: the public interface.
  *
  * An image (struct qcow2_image) is opened once and shared by every
  * connection: it holds the parsed header, the L1 table, the L2 cache and
- * the decompressed-cluster cache.  Each connection makes a reader
- * (struct qcow2_reader): its own worker pool, decoder contexts and
- * staging buffers.  Every call takes the struct qcow2_io to use for that
+ * the decompressed-cluster cache.  Each NBD connection makes a struct
+ * qcow2_conn: its own worker pool, decoder contexts, staging buffers and
+ * readahead.  Every call takes the struct qcow2_io to use for that
  * call, so the caller decides which handle underneath serves it.
  *
  * Errors: functions return 0 or a negative errno, and report a sentence
@@ -21,7 +22,7 @@
 
 struct qcow2_options {
   bool writable;                  /* open for writing */
-  unsigned threads;               /* pool workers per reader; 0: none */
+  unsigned threads;               /* pool workers per connection; 0: none */
   unsigned compress_threads;      /* per image, at most one per CPU; 0: 1 */
   uint64_t request_size;          /* largest coalesced read underneath */
   uint64_t l2_cache_size;         /* bytes */
@@ -67,7 +68,7 @@ struct qcow2_stats {
 };
 
 struct qcow2_image;
-struct qcow2_reader;
+struct qcow2_conn;
 
 /* Open the image that IO reads: parse and validate the header, read the
  * L1 table, set up the caches.  LOG receives errors (and, if set,
@@ -78,17 +79,18 @@ int qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
                       struct qcow2_image **image);
 void qcow2_image_close (struct qcow2_image *image);
 
+/* Check CREATE's sizes without touching storage: 0, or -1 with a
+ * sentence naming the parameter in ERRBUF.
+ */
+int qcow2_create_validate (const struct qcow2_create_options *create,
+                           char *errbuf, size_t errlen);
+
 /* Format the storage IO reads and writes as a new, empty qcow2 v3 image
  * (refcount width 16, no extensions), then open it like qcow2_image_open
  * with OPTS (which must be writable).  Refuses, changing nothing, unless
  * the first cluster of the storage is all zeros, and if the storage is
  * too small for the image's metadata.
  */
-/* Check CREATE's sizes without touching storage: 0, or -1 with a
- * sentence naming the parameter in ERRBUF.
- */
-int qcow2_create_validate (const struct qcow2_create_options *create,
-                           char *errbuf, size_t errlen);
 int qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
                   const struct qcow2_create_options *create,
                   const struct qcow2_options *opts,
@@ -100,14 +102,14 @@ void qcow2_image_get_stats (struct qcow2_image *image,
                             struct qcow2_stats *stats);
 
 /* Per-connection state.  Returns NULL (after logging) on failure. */
-struct qcow2_reader *qcow2_reader_new (struct qcow2_image *image);
-void qcow2_reader_free (struct qcow2_reader *reader);
+struct qcow2_conn *qcow2_conn_new (struct qcow2_image *image);
+void qcow2_conn_free (struct qcow2_conn *conn);
 
 /* Read COUNT bytes of the guest disk at OFFSET into BUF.  The range must
  * lie inside the virtual size.  Thread safe: several threads may read
- * through one reader at once.
+ * through one connection at once.
  */
-int qcow2_read (struct qcow2_reader *reader, struct qcow2_io *io,
+int qcow2_read (struct qcow2_conn *conn, struct qcow2_io *io,
                 void *buf, uint64_t count, uint64_t offset);
 
 /* Report the allocation of [OFFSET, OFFSET+COUNT): FN is called for
@@ -118,7 +120,7 @@ int qcow2_read (struct qcow2_reader *reader, struct qcow2_io *io,
  */
 typedef int (*qcow2_extent_fn) (void *opaque, uint64_t offset,
                                 uint64_t length, bool zero);
-int qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
+int qcow2_extents (struct qcow2_conn *conn, struct qcow2_io *io,
                    uint64_t offset, uint64_t count,
                    qcow2_extent_fn fn, void *opaque);
 
@@ -130,7 +132,7 @@ int qcow2_extents (struct qcow2_reader *reader, struct qcow2_io *io,
  * With FUA true, flushes before returning.  -ENOSPC (after logging how
  * much room is missing) when the image file is full.
  */
-int qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
+int qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
                  const void *buf, uint64_t count, uint64_t offset, bool fua);
 
 /* Make [OFFSET, OFFSET+COUNT) read as zeros.  Whole clusters become zero
@@ -138,13 +140,13 @@ int qcow2_write (struct qcow2_reader *reader, struct qcow2_io *io,
  * clusters are written with zeros.  With FAST true, fails with -ENOTSUP
  * before changing anything if zeroes would have to be written.
  */
-int qcow2_zero (struct qcow2_reader *reader, struct qcow2_io *io,
+int qcow2_zero (struct qcow2_image *image, struct qcow2_io *io,
                 uint64_t count, uint64_t offset, bool fast, bool fua);
 
 /* Discard [OFFSET, OFFSET+COUNT): whole clusters are released and read as
  * zeros afterwards; parts of clusters are left as they are.
  */
-int qcow2_trim (struct qcow2_reader *reader, struct qcow2_io *io,
+int qcow2_trim (struct qcow2_image *image, struct qcow2_io *io,
                 uint64_t count, uint64_t offset, bool fua);
 
 /* Write all changed metadata in crash-safe order and flush the image
@@ -155,7 +157,7 @@ int qcow2_flush (struct qcow2_image *image, struct qcow2_io *io);
 /* Decompress the compressed clusters under [OFFSET, OFFSET+COUNT) into
  * the cluster cache, for NBD_CMD_CACHE.
  */
-int qcow2_prefetch (struct qcow2_reader *reader, struct qcow2_io *io,
+int qcow2_prefetch (struct qcow2_conn *conn, struct qcow2_io *io,
                     uint64_t offset, uint64_t count);
 
 #endif /* QCOW2_H */

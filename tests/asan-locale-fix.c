@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* asan-locale-fix.so, for the tests only: preloaded into nbdkit after
  * the ASan runtime (functions.sh, --enable-sanitizers builds), it makes
  * freelocale do nothing.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 # Patch a qcow2 image in place to make one field corrupt, for
 # tests/test-corrupt.sh.  Standard library only; run with python3.
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash
 # Helpers of the crash tests (test-crash.sh for the filter,
 # test-plugin-durability.sh for the plugin): a run of

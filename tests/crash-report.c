@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* crash-report.so, for the tests only: preloaded into every nbdkit the
  * tests start (functions.sh), it makes a process that a crash signal
  * kills (SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE) say so on stderr

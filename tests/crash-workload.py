@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # A write workload for crash tests, and the check of an image after the
 # server was killed under it.
 #

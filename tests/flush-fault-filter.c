@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-flushfault-filter, for the tests only: fails a share of the
  * flushes of the plugin under it with EIO.  nbdkit 1.32's error filter
  * injects errors into reads, writes, zeroes, trims, extents and cache

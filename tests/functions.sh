@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Helpers sourced by the shell tests: starting and stopping nbdkit with
 # the filter from the build tree, skipping when a tool is missing, and a
 # scratch directory removed at exit.
@@ -505,38 +506,6 @@ nbdsh () { _client_call nbdsh "$@"; }
 qemu-img () { _client_call qemu-img "$@"; }
 qemu-io () { _client_call qemu-io "$@"; }
 python3 () { _client_call /usr/bin/python3 "$@"; }
-
-# start_http_range_server DIR: serve DIR over HTTP with byte ranges
-# (tests/http-range-server.py) on 127.0.0.1; wait until it listens.
-# Sets HTTP_PORT, HTTP_PID and HTTP_LOG (one line per request).
-# stop_http_range_server: stop it (it must still be running).
-start_http_range_server ()
-{
-    local dir=$1 i
-    HTTP_LOG=$(mktemp "$TMPDIR_TEST/http.XXXXXX")
-    rm -f "$HTTP_LOG.port"
-    /usr/bin/python3 "$top_srcdir/tests/http-range-server.py" "$dir" "$HTTP_LOG.port" \
-        "$HTTP_LOG" 2> "$HTTP_LOG.err" &
-    HTTP_PID=$!
-    _pids+=("$HTTP_PID")
-    for (( i = 0; i < CALL_TIMEOUT * 10; i++ )); do
-        [ ! -s "$HTTP_LOG.port" ] || break
-        _alive "$HTTP_PID" || { cat "$HTTP_LOG.err" >&2; fail "the HTTP server did not start"; }
-        sleep 0.1
-    done
-    [ -s "$HTTP_LOG.port" ] || fail "the HTTP server did not listen within $CALL_TIMEOUT s"
-    HTTP_PORT=$(cat "$HTTP_LOG.port")
-}
-stop_http_range_server ()
-{
-    _alive "$HTTP_PID" || { cat "$HTTP_LOG.err" >&2; fail "the HTTP server died"; }
-    kill "$HTTP_PID"
-    local status=0
-    wait "$HTTP_PID" 2>/dev/null || status=$?
-    # 143: SIGTERM, the way it stops.
-    [ "$status" = 143 ] || [ "$status" = 0 ] ||
-        { cat "$HTTP_LOG.err" >&2; fail "the HTTP server ended with status $status"; }
-}
 
 # nbd_uri SOCKET: the NBD URI of a server on a Unix socket.
 nbd_uri ()

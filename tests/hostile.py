@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # Hostile images: mutations of qemu-made images, and a client that reads
 # and writes each one through the filter.
 #

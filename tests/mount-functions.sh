@@ -1,9 +1,12 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash
 # Helpers shared by test-mount.sh (nbdfuse + fuse2fs) and
 # test-mount-kernel.sh (nbd-client + the kernel's ext4): an ext4
 # filesystem made from a few files and compressed into qcow2, the changes
 # made to it through a mount, and the checks of the image afterwards.
 # Sourced after functions.sh, in $TMPDIR_TEST.
+
+source "$top_srcdir/tests/tree-changes.sh"
 
 # wait_until SECONDS COMMAND...: run COMMAND every 0.1 s until it
 # succeeds; fail (return 1) after SECONDS.
@@ -32,11 +35,13 @@ wait_exit ()
     return $status
 }
 
-# make_fs_image: src/ (the files), img.raw (64M ext4 made by mke2fs -d
-# from src/), img.qcow2 (img.raw compressed with zstd, with 64M of room)
-# and expect/ (a copy of src/ that the changes are applied to).
+# make_fs_image [SIZE]: src/ (the files), img.raw (an ext4 filesystem of
+# SIZE, 64M by default, made by mke2fs -d from src/), img.qcow2 (img.raw
+# compressed with zstd, with SIZE of room) and expect/ (a copy of src/
+# that the changes are applied to).
 make_fs_image ()
 {
+    local size=${1:-64M}
     /usr/bin/python3 - <<'EOF'
 import os, random
 rng = random.Random(99)
@@ -57,12 +62,20 @@ with open("src/sparse.dat", "wb") as f:
     f.write(rng.randbytes(70000))
 EOF
     rm -f img.raw
-    mke2fs -q -t ext4 -d src img.raw 64M > /dev/null || fail "mke2fs -d failed"
+    mke2fs -q -t ext4 -d src img.raw "$size" > /dev/null || fail "mke2fs -d failed"
     qemu-img convert -f raw -O qcow2 -c -o compression_type=zstd img.raw img.qcow2 ||
         fail "qemu-img convert -c failed"
-    truncate -s +64M img.qcow2
+    truncate -s "+$size" img.qcow2
     rm -rf expect
     cp -a src expect
+}
+
+# tree_sums DIR: the md5sum of every file under DIR (lost+found aside),
+# as ./PATH, sorted: what check_sums (tree-changes.sh) checks.
+tree_sums ()
+{
+    (cd "$1" && find . -path ./lost+found -prune -o -type f -print | LC_ALL=C sort |
+         xargs -d '\n' md5sum)
 }
 
 # compare_tree DIR WHAT: DIR holds exactly the files of expect/ (ignoring
@@ -79,46 +92,44 @@ compare_tree ()
     done
 }
 
-# change_tree DIR: the changes made through the mount; applied to DIR
-# and to expect/ alike.
+# change_tree DIR: the changes made through the mount (tree-changes.sh),
+# with 3 MiB of new data in new-big.dat; applied to DIR and to expect/
+# alike.
 change_tree ()
 {
-    local d
     head -c 3M /dev/urandom > new-big.dat
-    for d in "$1" expect; do
-        mkdir -p "$d/new/empty"
-        cp new-big.dat "$d/new/big.dat"
-        printf 'written through the filter\n%.0s' $(seq 500) > "$d/new/notes.txt"
-        # Overwrite the middle of a file in place, and append to it.
-        printf 'CHANGED IN PLACE' | dd of="$d/text.txt" bs=1 seek=100000 conv=notrunc status=none
-        echo "appended line" >> "$d/text.txt"
-        # Shrink a file, delete some, write into the hole of a sparse one.
-        truncate -s 1M "$d/bin.dat"
-        rm -f "$d"/sub/many/f1?
-        printf 'inside the hole' | dd of="$d/sparse.dat" bs=1 seek=500000 conv=notrunc status=none
-    done
+    apply_tree_changes "$1" new-big.dat
+    apply_tree_changes expect new-big.dat
 }
 
 # check_image_after WHAT: after the server has stopped, img.qcow2 passes
 # qemu-img check, its disk passes e2fsck -fn, and debugfs finds the
-# expected files in it.
+# files that change_tree left (expect/) in it.
 check_image_after ()
 {
     local what=$1
-    qemu-img check img.qcow2 > check.out 2>&1 || { cat check.out; fail "$what: qemu-img check failed"; }
-    grep -q "No errors were found" check.out || { cat check.out; fail "$what: qemu-img check found problems"; }
-    rm -f after.raw
-    qemu-img convert -f qcow2 -O raw img.qcow2 after.raw
-    e2fsck -fn after.raw > fsck.out 2>&1 || { cat fsck.out; fail "$what: e2fsck -fn found errors"; }
-    # debugfs reads the filesystem by itself, without any mount.
+    check_image_fs "$what"
     debugfs -R 'cat /new/big.dat' after.raw > got-big.dat 2>/dev/null
     cmp got-big.dat new-big.dat || fail "$what: debugfs: /new/big.dat differs"
     debugfs -R 'cat /text.txt' after.raw > got-text.txt 2>/dev/null
     cmp got-text.txt expect/text.txt || fail "$what: debugfs: /text.txt differs"
+}
+
+# check_image_fs WHAT [IMAGE]: IMAGE (img.qcow2) passes qemu-img check;
+# its disk, in after.raw, passes e2fsck -fn, differs from img.raw, and
+# holds exactly the files of expect/ as debugfs reads them (by itself,
+# without any mount).
+check_image_fs ()
+{
+    local what=$1 image=${2:-img.qcow2}
+    qemu-img check "$image" > check.out 2>&1 || { cat check.out; fail "$what: qemu-img check failed"; }
+    grep -q "No errors were found" check.out || { cat check.out; fail "$what: qemu-img check found problems"; }
+    rm -f after.raw
+    qemu-img convert -f qcow2 -O raw "$image" after.raw
+    e2fsck -fn after.raw > fsck.out 2>&1 || { cat fsck.out; fail "$what: e2fsck -fn found errors"; }
+    cmp -s after.raw img.raw && fail "$what: the disk did not change"
     rm -rf dump
     mkdir dump
     debugfs -R 'rdump / dump' after.raw > /dev/null 2>&1 || fail "$what: debugfs rdump failed"
     compare_tree dump "$what: debugfs rdump"
-    cmp -s after.raw img.raw && fail "$what: the disk did not change"
-    return 0
 }

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The mutation check: do the tests catch the breaks they claim to?
 #
 #     bash tests/mutation-check.sh [BREAK...]
@@ -15,8 +16,8 @@
 # gone or no longer has the line it changes), makes the exit status 1.
 #
 # Breaks find their target by the name of the function, wherever it is
-# defined under common/, filters/ or plugins/ (so they survive files
-# being split, renamed or moved), and change its body: a statement
+# defined under common/, nbdkit-glue/, filters/ or plugins/ (so they
+# survive files being split, renamed or moved), and change its body: a statement
 # inserted at the start, or the lines matching a pattern replaced.
 # Functions defined twice (the filter's and the plugin's callbacks of the
 # same name) are told apart by the form: the file that registers a
@@ -36,18 +37,18 @@ jobs=${MUTATION_JOBS:-2}
 #           replace:RE:TEXT        every body line matching RE becomes TEXT
 # Several rows of the same name make one break (all applied together).
 BREAKS=$(cat <<'EOF'
-writes-do-nothing   | qcow2_write          | any    | start:return 0;                               | test-write-random test-hostile test-faults test-crash test-plugin test-qemu-client test-backing
-writes-fail         | qcow2_write          | any    | start:return -EIO;                            | test-write-random test-hostile test-faults test-crash test-plugin test-qemu-client
+writes-do-nothing   | qcow2_write          | any    | start:return 0;                               | test-write-random test-hostile test-faults test-crash test-plugin test-qemu-client test-backing test-engine-write
+writes-fail         | qcow2_write          | any    | start:return -EIO;                            | test-write-random test-hostile test-faults test-crash test-plugin test-qemu-client test-engine-write
 compressed-reads-zeros | qcow2_decode_cluster | any | start:memset (out, 0, out_len); return 0;     | test-read-matrix test-hostile test-parallel test-plugin test-codec
 flush-noop-filter   | qcow2zstd_flush      | filter | start:return 0;                               | test-crash test-faults test-shared
 flush-noop-plugin   | qcow2zstd_flush      | plugin | start:return 0;                               | test-plugin test-debug test-plugin-durability
-abort-at-unload     | qcow2zstd_unload     | filter | start:__builtin_abort ();                     | test-qemu-client test-debug test-backing test-man-examples test-hostile
+abort-at-unload     | qcow2zstd_unload     | filter | start:__builtin_abort ();                     | test-qemu-client test-debug test-backing test-man-examples test-hostile test-mount-kernel
 abort-at-unload-plugin | qcow2zstd_unload  | plugin | start:__builtin_abort ();                     | test-plugin test-debug test-plugin-durability
 abort-at-finalize   | qcow2zstd_finalize   | filter | before-last:^\s*return 0;:__builtin_abort (); | test-backing test-mount test-qemu-client test-write-random
 hang-at-unload      | qcow2zstd_unload     | filter | start:{ extern int pause (void); for (;;) pause (); } | test-qemu-client test-debug test-backing
 dropped-write-errors | next_pwrite         | any    | replace:^\s*return -\(:      return 0;        | test-faults test-create
-trims-do-nothing    | qcow2_trim           | any    | start:return 0;                               | test-write-random test-hostile test-backing test-qemu-client
-l2-not-written      | write_l2             | any    | start:return 0;                               | test-write-random test-crash test-qemu-client test-plugin
+trims-do-nothing    | qcow2_trim           | any    | start:return 0;                               | test-write-random test-hostile test-backing test-qemu-client test-engine-write
+l2-not-written      | write_l2             | any    | start:return 0;                               | test-write-random test-crash test-qemu-client test-plugin test-engine-writeback
 fua-ignored         | qcow2_write          | any    | start:fua = false;                            | test-stacks test-crash test-plugin-durability
 fua-ignored         | qcow2_zero           | any    | start:fua = false;                            |
 fua-ignored         | qcow2_trim           | any    | start:fua = false;                            |
@@ -93,7 +94,7 @@ if not rows:
     sys.exit(f"NOT APPLIED: no break named {name}")
 
 sources = []
-for top in ("common", "filters", "plugins"):
+for top in ("common", "nbdkit-glue", "filters", "plugins"):
     for d, _, files in os.walk(os.path.join(tree, top)):
         sources += [os.path.join(d, x) for x in files if x.endswith(".c")]
 
@@ -193,7 +194,7 @@ run_tests ()
     for t in "$@"; do
         case $t in
             *.sh) targets+=("tests/$t") ;;
-            test-*.c|test-codec|test-engine|test-header|test-cache) targets+=("tests/${t%.c}") ;;
+            test-*.c) targets+=("tests/${t%.c}") ;;
             *) if [ -f "$tree/tests/$t.sh" ]; then targets+=("tests/$t.sh"); else targets+=("tests/$t"); fi ;;
         esac
     done

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 # How tightly an image's compressed clusters are packed: reads the L1 and
 # L2 tables of a qcow2 file (no backing file, no snapshots) and prints
 #   HOST_CLUSTERS UNION_BYTES PLAIN_CLUSTERS COMPRESSED_ENTRIES RANGES

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # reaper.py DIR COMMAND...: run COMMAND (an nbdkit) as a child, keep a
 # copy of its stderr, and collect the exit status of it and of every
 # process that it leaves behind, such as the server nbdkit forks into

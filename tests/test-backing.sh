@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Backing files: raw and qcow2 backing files and a chain of three, named
 # in the header (absolute and relative) or given with qcow2-backing=PATH;
 # reads compared with qemu's; partial writes, zeroes and trims over

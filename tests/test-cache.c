@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: the sharded CLOCK slot cache.
  *
  * Slot contents always encode their key (fill_slot), so any get that
@@ -14,16 +15,11 @@
 
 #include "qcow2-cache.h"
 #include "unit.h"
+#include "util.h"
 
-/* xorshift64*, one state per user so that threads stay reproducible. */
-static uint64_t
-rng (uint64_t *state)
-{
-  *state ^= *state >> 12;
-  *state ^= *state << 25;
-  *state ^= *state >> 27;
-  return *state * UINT64_C (0x2545f4914f6cdd1d);
-}
+/* rng (util.h) takes a state per user, so that threads stay
+ * reproducible.
+ */
 
 /* Slot content for KEY at version VERSION: every byte depends on both
  * and on its position.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: decoding one compressed cluster.
  *
  * The compressed inputs are made here the way qemu makes them: raw
@@ -19,57 +20,10 @@
 
 #include "qcow2-codec.h"
 #include "unit.h"
+#include "util.h"
 
-#define KiB ((size_t) 1 << 10)
-#define MiB ((size_t) 1 << 20)
-
-static void *
-xmalloc (size_t len)
-{
-  void *p = malloc (len ? len : 1);
-
-  if (p == NULL) {
-    perror ("malloc");
-    exit (1);
-  }
-  return p;
-}
-
-/* xorshift64: reproducible pseudo-random bytes. */
+/* Reproducible pseudo-random bytes. */
 static uint64_t rng_state = 0x2545f4914f6cdd1d;
-
-static uint64_t
-rng (void)
-{
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
-}
-
-/* Cluster content that compresses like real data (text-like records)
- * but differs at every position and between clusters (SEED), so that a
- * shifted or mixed-up output cannot compare equal.
- */
-static void
-fill_cluster (uint8_t *buf, size_t len, unsigned seed)
-{
-  static const char digits[] = "0123456789abcdef";
-
-  for (size_t i = 0; i < len; ++i) {
-    size_t record = i / 16;
-    size_t col = i % 16;
-
-    if (col < 4)
-      buf[i] = digits[(seed >> (4 * (3 - col))) & 15];
-    else if (col == 4)
-      buf[i] = ':';
-    else if (col < 14)
-      buf[i] = digits[(record >> (4 * (13 - col))) & 15];
-    else
-      buf[i] = col == 14 ? ';' : '\n';
-  }
-}
 
 /* A compressed stream in a buffer of exactly LEN bytes. */
 struct blob {
@@ -187,7 +141,7 @@ with_random_tail (struct blob b, size_t len)
   struct blob tail = { .data = xmalloc (len), .len = len };
 
   for (size_t i = 0; i < len; ++i)
-    tail.data[i] = (uint8_t) rng ();
+    tail.data[i] = (uint8_t) rng (&rng_state);
   return concat (b, tail);
 }
 
@@ -255,7 +209,7 @@ test_cluster_size (struct qcow2_decoder *dec, size_t cluster)
   uint8_t *data = xmalloc (2 * cluster);
   struct blob b;
 
-  fill_cluster (data, 2 * cluster, (unsigned) cluster);
+  fill_pattern (data, 2 * cluster, (unsigned) cluster);
 
   /* Terminated streams, alone and with trailing bytes (the start of the
    * next compressed cluster, or the zeros at the end of its sector).
@@ -387,7 +341,7 @@ test_bad_input (struct qcow2_decoder *dec, size_t cluster)
   uint8_t *data = xmalloc (cluster);
   struct blob b;
 
-  fill_cluster (data, cluster, 77);
+  fill_pattern (data, cluster, 77);
 
   /* 0xff...: a deflate block of the invalid type 3; not a zstd magic. */
   b = blob_copy ((const uint8_t *) "", 0, cluster, 0xff);
@@ -485,7 +439,7 @@ test_mutations (struct qcow2_decoder *dec, size_t cluster, unsigned rounds)
   };
   unsigned rejected = 0;
 
-  fill_cluster (data, cluster, 1234);
+  fill_pattern (data, cluster, 1234);
   streams[0] = deflate_raw (data, cluster, 6, Z_FINISH);
   streams[1] = zstd_frame (data, cluster, 3);
   for (unsigned i = 0; i < rounds; ++i) {
@@ -496,9 +450,9 @@ test_mutations (struct qcow2_decoder *dec, size_t cluster, unsigned rounds)
     int r;
 
     for (unsigned k = 0; k < 1 + i % 4; ++k)
-      m.data[rng () % m.len] ^= (uint8_t) (1u << (rng () % 8));
+      m.data[rng (&rng_state) % m.len] ^= (uint8_t) (1u << (rng (&rng_state) % 8));
     if (i % 5 == 0)
-      m.len = rng () % m.len;
+      m.len = rng (&rng_state) % m.len;
     r = qcow2_decode_cluster (dec, types[i & 1], m.data, m.len, out, cluster,
                               err, sizeof err);
     CHECK (r == 0 || r == -1);
@@ -535,7 +489,7 @@ test_reuse (void)
     return;
   for (unsigned i = 0; i < NCLUSTERS; ++i) {
     data[i] = xmalloc (cluster);
-    fill_cluster (data[i], cluster, i * 1000 + 1);
+    fill_pattern (data[i], cluster, i * 1000 + 1);
     zl[i] = with_random_tail (deflate_raw (data[i], cluster, 6, Z_FINISH),
                               i * 37);
     zs[i] = with_random_tail (zstd_frame (data[i], cluster, 3), i * 41);

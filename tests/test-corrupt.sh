@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Corrupt images: every field the filter validates, broken one at a time in
 # a copy of a good image made by qemu.
 #

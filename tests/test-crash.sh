@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Crash safety: kill -9 the server at random points of a write workload
 # (tests/crash-workload.py).  Every image afterwards must pass qemu-img
 # check without corruption (leaked clusters are allowed) and hold every

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Creating compressed images (qcow2-create) and compressing writes
 # (qcow2-compress): every cluster size and both compression types, all
 # zero and incompressible clusters, a partial last cluster, concurrent

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Debug flags: -D qcow2zstd.image=1 (opening), .map=1 (each request),
 # .pool=1 (each batch of the pool), .stats=1 (counters at close), for the
 # filter and the plugin.  Each must print its lines, and only when set.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit --dump-plugin with the filter: the filter's own lines (codecs and
 # their versions) and the plugin's usual lines; --help lists every
 # qcow2-* parameter; and the codec lines appear only when dumping.

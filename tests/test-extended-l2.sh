@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Extended L2 entries (subclusters, incompatible bit 4): read support.
 # Images made by qemu with writes and zeroes smaller than a cluster (so
 # clusters are part allocated, part zero, part unallocated), compressed

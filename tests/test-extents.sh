@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Compare the extents (base:allocation) the filter reports with those of
 # qemu-nbd serving the same image, for images with data, holes, zero
 # clusters and compressed clusters (64k, 4k, 512 and 2M clusters;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Fault injection: the filter over nbdkit's error filter, which fails a
 # share of the plugin's reads and writes with EIO, and over
 # tests/flush-fault-filter.c, which fails a share of its flushes (the

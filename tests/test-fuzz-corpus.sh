@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Replay the fuzz targets' seed corpora (qemu-made images and compressed
 # clusters, committed in tests/fuzz/corpus-*) through the engine, plus
 # mutated copies of them, so make check runs the fuzz entry points.

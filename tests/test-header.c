@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: header parsing, feature checks, extension walk.
  *
  * Every header here is assembled byte by byte from a struct of field
@@ -14,6 +15,7 @@
 
 #include "qcow2-header.h"
 #include "unit.h"
+#include "util.h"
 
 #define KiB (UINT64_C (1) << 10)
 #define MiB (UINT64_C (1) << 20)
@@ -43,20 +45,6 @@ struct fields {
   uint32_t header_length;
   int compression_type;
 };
-
-static void
-put32 (uint8_t *p, uint32_t v)
-{
-  for (int i = 3; i >= 0; --i, v >>= 8)
-    p[i] = v & 0xff;
-}
-
-static void
-put64 (uint8_t *p, uint64_t v)
-{
-  for (int i = 7; i >= 0; --i, v >>= 8)
-    p[i] = v & 0xff;
-}
 
 /* A v3 header for a 1 GiB disk with 64 KiB clusters: cluster 0 header,
  * cluster 1 refcount table, L1 (2 entries) in cluster 3; the file is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Hostile images: 1000 mutations of qemu-made images (bit flips,
 # truncation, header fields set to hostile values, L1 and L2 pointers to
 # the header, to themselves, past the end, shared L2 tables, reserved

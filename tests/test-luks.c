@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: LUKS headers, key slots and sector ciphers.
  *
  * qemu is the oracle.  For every cipher family, mode and IV generator that

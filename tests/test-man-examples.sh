@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Every command of the EXAMPLES section of nbdkit-qcow2zstd-filter(1),
 # run as written, in order, with these substitutions only:
 #   --filter=qcow2zstd          -> --filter=$FILTER (the built filter)
 #   /tmp/disk.sock              -> $TMPDIR_TEST/disk.sock
-#   https://example.com/...     -> http://127.0.0.1:PORT/... (a local HTTP
-#                                  server with byte ranges)
+#   https://example.com/...     -> http://127.0.0.1:PORT/... (nginx, started
+#                                  by the test, serving its directory)
 #   nbdkit                      -> run_nbdkit (the sanitizer wrapper)
+# Examples 15 and 16 (the kernel's NBD client, a virtual machine) run in
+# the test guest of tests/guest-functions.sh, on an ext4 filesystem in
+# disk.qcow2, with these substitutions too:
+#   nbdkit -U /tmp/disk.sock    -> nbdkit -s, started by qemu's user
+#   (15)                           network for the guest's connection
+#   -unix /tmp/disk.sock        -> 10.0.2.100 10809, where qemu forwards it
+#   -accel kvm -m 2G (16)       -> the guest's kernel, initramfs, memory
+#                                  and accelerator (KVM only if it works)
 # and "-P PIDFILE" added to the commands that put nbdkit in the
 # background, so that the test can stop them (and "-p PORT" to those
 # listening on TCP when the default port is taken).  Every server's exit
-# status is collected: a crash or hang at shutdown fails the example.  nbdkit 1.32 leaves its
+# status is collected, the guest's nbdkit -s of example 15 included: a
+# crash or hang at shutdown fails the example.  nbdkit 1.32 leaves its
 # Unix socket behind when it exits, and refuses to start on an existing
 # one ("Address already in use"), so the socket of the previous example
 # is removed before each server starts.  disk.qcow2, disk.raw,
@@ -17,6 +27,9 @@
 # each example the result is checked against the source.  One line per
 # example.
 source "${top_srcdir:-.}/tests/functions.sh"
+source "${top_srcdir:-.}/tests/nginx-functions.sh"
+source "${top_srcdir:-.}/tests/mount-functions.sh"
+source "${top_srcdir:-.}/tests/guest-functions.sh"
 requires nbdcopy nbdinfo qemu-io cmp md5sum awk
 requires_nbd_python
 
@@ -286,9 +299,10 @@ echo "example 7 (qcow2-compress=true, nbdcopy 8 MiB of text): compressed cluster
 qemu-img convert -f qcow2 -O raw disk.qcow2 now.raw
 if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
     skip_section "example 8 (curl): nbdkit has no curl plugin (in Debian 12 it is part of the nbdkit package)"
+elif ! start_test_nginx "$T"; then
+    skip_section "example 8 (curl): $NGINX_SKIP"
 else
-    start_http_range_server "$T"
-    url="http://127.0.0.1:$HTTP_PORT/disk.qcow2"
+    url="$NGINX_URL/disk.qcow2"
     tcp_daemon 8 -r --filter="$FILTER" curl "$url" \
            qcow2-request-size=16M qcow2-threads=4
     # Once, in CI under ASan, nbdcopy ended here with no message (the
@@ -297,13 +311,13 @@ else
     nbdcopy "nbd://localhost:$PORT" curl.raw 2> 8-nbdcopy.err || rc=$?
     if [ "$rc" != 0 ]; then
         cat 8-nbdcopy.err 8.err
-        tail -n 5 "$HTTP_LOG" 2> /dev/null || true
+        tail -n 5 "$NGINX_ACCESS_LOG" 2> /dev/null || true
         fail "example 8: nbdcopy from nbd://localhost:$PORT failed with status $rc"
     fi
     daemon_stop
-    stop_http_range_server
+    stop_nginx
     cmp curl.raw now.raw || fail "example 8: the disk read over HTTP differs"
-    grep -q ' bytes=' "$HTTP_LOG" || fail "example 8: no range request reached the HTTP server"
+    grep -q '^GET /disk.qcow2 206 range=bytes=' "$NGINX_ACCESS_LOG" || fail "example 8: nginx served no range request"
     echo "example 8 (curl over HTTP with ranges, qcow2-request-size=16M qcow2-threads=4, $PORTTXT): identical"
 fi
 
@@ -358,13 +372,14 @@ echo "example 11 (an overlay on a compressed base, relative backing name): reads
 #        qcow2-backing=/var/tmp/base.qcow2
 if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
     skip_section "example 12 (curl): nbdkit has no curl plugin"
+elif ! start_test_nginx "$T"; then
+    skip_section "example 12 (curl): $NGINX_SKIP"
 else
-    start_http_range_server "$T"
-    tcp_daemon 12 -r --filter="$FILTER" curl "http://127.0.0.1:$HTTP_PORT/overlay.qcow2" \
+    tcp_daemon 12 -r --filter="$FILTER" curl "$NGINX_URL/overlay.qcow2" \
            qcow2-backing="$T/base.qcow2"
     nbdcopy "nbd://localhost:$PORT" ex12.raw || fail "example 12: nbdcopy failed"
     daemon_stop
-    stop_http_range_server
+    stop_nginx
     cmp ex12.raw qemu11.raw || fail "example 12: the overlay over HTTP reads other data"
     echo "example 12 (overlay over curl, qcow2-backing= a local base, $PORTTXT): reads as qemu reads it"
 fi
@@ -399,3 +414,92 @@ foreground_stop
 grep -q "qcow2zstd: read 0x[0-9a-f]*+4096: " ex14.log || { grep qcow2zstd ex14.log | head; fail "example 14: no map lines"; }
 grep -q "qcow2zstd: pool: " ex14.log || { grep qcow2zstd ex14.log | head; fail "example 14: no pool lines"; }
 echo "example 14 (-D qcow2zstd.map=1 -D qcow2zstd.pool=1, 4 KiB reads): map and pool lines logged"
+
+# ---------------------------------------------------------------- 17
+# nbdkit -r -U /tmp/disk.sock --filter=qcow2zstd \
+#        curl https://example.com/disk.qcow2 qcow2-request-size=16M
+# nbdcopy --request-size=4194304 \
+#         'nbd+unix:///?socket=/tmp/disk.sock' disk.raw
+if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
+    skip_section "example 17 (curl, nbdcopy --request-size): nbdkit has no curl plugin"
+elif ! start_test_nginx "$T"; then
+    skip_section "example 17 (curl, nbdcopy --request-size): $NGINX_SKIP"
+else
+    rm -f "$SOCK" disk.raw
+    run_nbdkit -r -U "$SOCK" --filter="$FILTER" \
+           curl "$NGINX_URL/disk.qcow2" qcow2-request-size=16M -P "$T/17.pid"
+    daemon_started "$T/17.pid"
+    nbdcopy --request-size=4194304 \
+            "nbd+unix:///?socket=$SOCK" disk.raw || fail "example 17: nbdcopy failed"
+    daemon_stop
+    stop_nginx
+    cmp disk.raw now.raw || fail "example 17: disk.raw differs from the disk"
+    gets=$(grep -c '^GET /disk.qcow2 206 ' "$NGINX_ACCESS_LOG" || true)
+    echo "example 17 (curl from nginx, nbdcopy --request-size=4194304): identical, $gets range requests"
+fi
+
+# ------------------------------------------------------------ 15, 16
+# (not in the examples: disk.qcow2 is now an ext4 filesystem with room,
+# made from src/ by make_fs_image, and the guest's files/ is what the
+# first example copies in)
+if ! guest_prepare; then
+    skip_section "example 15 (nbd-client, mount): $GUEST_SKIP"
+    skip_section "example 16 (virtual machine): $GUEST_SKIP"
+    exit 0
+fi
+make_fs_image
+mv img.qcow2 disk.qcow2
+mkdir -p guest15/files/sub
+head -c 2M /dev/urandom > guest15/files/data.bin
+seq 100000 > guest15/files/sub/numbers.txt
+cp -r guest15/files expect/
+
+# ---------------------------------------------------------------- 15
+# nbdkit -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2
+# nbd-client -unix /tmp/disk.sock /dev/nbd0 -N disk
+# mount /dev/nbd0 /mnt
+# cp -r files /mnt/; fstrim /mnt
+# umount /mnt
+# nbd-client -d /dev/nbd0
+cat > guest15/run.sh <<'EOF'
+nbd-client 10.0.2.100 10809 /dev/nbd0 -N disk
+mount /dev/nbd0 /mnt
+cp -r files /mnt/; fstrim /mnt
+umount /mnt
+nbd-client -d /dev/nbd0
+EOF
+fwd=$(guest_nbdkit_cmd "$T/15.log" "$T/15.status" --filter="$FILTER" file "$T/disk.qcow2")
+guest_boot ex15 600 guest15 \
+    -netdev "user,id=net0,restrict=on,guestfwd=tcp:10.0.2.100:10809-cmd:$fwd" \
+    -device virtio-net-pci,netdev=net0 || { cat 15.log; fail "example 15: $GUEST_FAILURE"; }
+guest_nbdkit_end "example 15" 15.log 15.status
+check_image_fs "example 15" disk.qcow2
+echo "example 15 (nbd-client, mount, cp -r, fstrim, umount, nbd-client -d; in the test guest): check clean, e2fsck clean, the files in the image"
+
+# ---------------------------------------------------------------- 16
+# nbdkit -U /tmp/disk.sock --filter=qcow2zstd file disk.qcow2
+# qemu-system-x86_64 -accel kvm -m 2G \
+#     -drive 'file=nbd+unix:///?socket=/tmp/disk.sock,format=raw,if=virtio,discard=unmap'
+# (in the guest, not in the example: the files of example 15 read back,
+# some deleted, one written, free space discarded, unmounted)
+mkdir -p guest16
+tree_sums expect > guest16/sums
+cat > guest16/run.sh <<'EOF'
+mount /dev/vda /mnt
+(cd /mnt && md5sum -c -s /test/sums)
+rm -r /mnt/files/sub
+dd if=/dev/zero of=/mnt/zeros bs=64k count=16 status=none
+fstrim /mnt
+umount /mnt
+EOF
+rm -r expect/files/sub
+head -c 1M /dev/zero > expect/zeros
+rm -f "$SOCK"
+run_nbdkit -U "$SOCK" --filter="$FILTER" file disk.qcow2 -P "$T/16.pid"
+daemon_started "$T/16.pid"
+guest_boot ex16 600 guest16 \
+    -drive "file=nbd+unix:///?socket=$SOCK,format=raw,if=virtio,discard=unmap" ||
+    fail "example 16: $GUEST_FAILURE"
+daemon_stop
+check_image_fs "example 16" disk.qcow2
+echo "example 16 (qemu-system-x86_64 -drive file=nbd+unix://...,if=virtio; in the test guest): files read back, changes in the image, check clean"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Mounting the guest's ext4 filesystem read-write without kernel NBD:
 # nbdfuse presents the export as a file, fuse2fs mounts the filesystem in
 # that file.  The files read through both FUSE layers must equal the

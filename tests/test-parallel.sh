@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Many connections and threads reading at once get correct data, through
 # the worker pool, the shared L2 cache and a cluster cache small enough to
 # evict all the time.

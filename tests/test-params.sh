@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Filter parameters: bad values stop nbdkit at startup with an error
 # naming the parameter; good values serve the image correctly.  Also what
 # the export advertises: with -r read-only (and writes refused), without

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Durability of the plugin form (nbdkit qcow2zstd FILE): what a flush
 # or a FUA request acknowledged survives the server's death.  The crash
 # workload (tests/crash-workload.py) writes and zeroes through the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The plugin form, nbdkit qcow2zstd FILE: the same engine and parameters
 # as the filter, but it opens the file itself, so it grows the file when
 # writes need room, creates the file for qcow2-create, and resolves

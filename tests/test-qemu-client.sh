@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # qemu as the NBD client of the filter: qemu-img convert and compare read
 # the export (qemu's NBD driver, with its block status and request
 # sizes), qemu-img convert -n writes a whole disk into it (with write

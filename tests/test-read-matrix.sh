@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Read a matrix of qcow2 images through the filter and compare every byte
 # with what qemu-img convert -O raw makes of the same image.
 #

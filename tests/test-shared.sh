@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # References to compressed clusters: images with narrow refcounts
 # (refcount_bits 1 and 2), where a host cluster runs out of references
 # before it runs out of bytes, and compressed copies shared by clusters

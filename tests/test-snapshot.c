@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit test: the internal snapshot table.
  *
  * Tables made by qemu-img snapshot -c are read from the image's bytes:

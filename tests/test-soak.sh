@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Soak: several connections doing mixed reads, writes, zeroes, trims and
 # flushes for a bounded time (SOAK_SECONDS, default 40) against one server
 # with small caches.  Every read is checked against a mirror, memory must

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The filter in stacks with nbdkit's own filters and plugins:
 #   (a) cow on top: a writable overlay of the image, which stays unchanged;
 #   (b) cache on top, reading and writing (writeback);
@@ -7,13 +8,14 @@
 #   (e) the memory plugin underneath, with qcow2-create;
 #   (f) the nbd plugin underneath, the qcow2 file served raw by a second
 #       nbdkit, read-only and read-write;
-#   (g) the curl plugin underneath, over HTTP with byte ranges;
+#   (g) the curl plugin underneath, over HTTP with byte ranges from nginx;
 #   (h) write workloads with blocksize (read-modify-write of unaligned
 #       requests) and with fua (every write forced to FUA) on top.
 # Every case compares what the client reads with the source, and every
 # case that writes ends with qemu-img check clean and qemu reading the
 # expected disk from the file.  One line per case.
 source "${top_srcdir:-.}/tests/functions.sh"
+source "${top_srcdir:-.}/tests/nginx-functions.sh"
 requires nbdcopy qemu-io cmp md5sum
 requires_nbd_python
 
@@ -278,16 +280,17 @@ fi
 # ------------------------------------------------------------- (g) curl
 if ! have_plugin curl; then
     skip_case g "curl plugin under" "nbdkit has no curl plugin (in Debian 12 it is part of the nbdkit package)"
+elif ! start_test_nginx "$PWD"; then
+    skip_case g "curl plugin under" "$NGINX_SKIP"
 else
-    start_http_range_server "$PWD"
-    start_server "$sock" -r curl "http://127.0.0.1:$HTTP_PORT/base.qcow2" qcow2-request-size=256K
+    start_server "$sock" -r curl "$NGINX_URL/base.qcow2" qcow2-request-size=256K
     nbdcopy "$uri" g-read.raw
     cmp g-read.raw src.raw || fail "(g) curl: read differs"
     stop_server
-    stop_http_range_server
-    nranges=$(grep -c ' bytes=' "$HTTP_LOG" || true)
-    [ "$nranges" -gt 1 ] || { cat "$HTTP_LOG"; fail "(g) curl: the HTTP server saw no range requests"; }
-    ok_case g "curl plugin under the filter, HTTP with ranges ($nranges range requests): read identical"
+    stop_nginx
+    nranges=$(grep -c '^GET /base.qcow2 206 range=bytes=' "$NGINX_ACCESS_LOG" || true)
+    [ "$nranges" -gt 1 ] || { cat "$NGINX_ACCESS_LOG"; fail "(g) curl: nginx served no range requests"; }
+    ok_case g "curl plugin under the filter, nginx with ranges ($nranges range requests): read identical"
 fi
 
 # ------------------------------------------- (h) writing through filters

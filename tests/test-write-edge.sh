@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writing: refcount table growth, a full container (ENOSPC with the
 # message, image still valid), refusals at open (snapshots, corrupt and
 # dirty bits) with nbdkit -r still serving those images, autoclear bits

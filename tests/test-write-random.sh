@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Randomized write workloads (fixed seeds): writes of random sizes and
 # offsets, zeroes, trims and flushes from several connections at once,
 # over compressed images of every cluster size, both compression types

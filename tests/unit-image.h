@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd unit tests: images made by qemu, read as bytes.
  *
  * Helpers for the unit tests that take qemu-img and qemu-io as the

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # A randomized write workload against an NBD export, mirrored into a raw
 # file that receives the same operations.
 #

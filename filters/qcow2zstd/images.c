@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-filter: the images being served, one per export.
  *
  * Connections to the same export share one engine image, so that they
@@ -31,23 +32,6 @@ static struct shared_image *images;
 
 /* Exports already formatted by qcow2-create in this run. */
 static struct created { struct created *next; char *exportname; } *created;
-
-static void
-log_error (void *opaque, const char *msg)
-{
-  nbdkit_error ("qcow2zstd: %s", msg);
-}
-
-static void
-log_debug (void *opaque, const char *msg)
-{
-  nbdkit_debug ("qcow2zstd: %s", msg);
-}
-
-static const struct qcow2_log engine_log = {
-  .error = log_error,
-  .debug = log_debug,
-};
 
 int
 next_pread (void *opaque, void *buf, size_t count, uint64_t offset)
@@ -130,6 +114,7 @@ open_engine (nbdkit_next *next, const char *exportname, bool writable,
 {
   struct qcow2_io io = IO_FOR (next);
   struct qcow2_options opts = engine_options;
+  const struct qcow2_log engine_log = glue_engine_log (NULL);
   struct created *c;
   int r;
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-filter: serve the guest disk inside a qcow2 image.
  *
  * The nbdkit callbacks.  This file and its two neighbours are only glue:
@@ -19,7 +20,7 @@
 struct handle {
   char *exportname;
   struct shared_image *shared;
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
   bool writable;
   /* Held for reading by .cache, for writing by .finalize: see there. */
   pthread_rwlock_t finalize_lock;
@@ -116,13 +117,13 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
     return -1;
   h->writable = !readonly && plugin_can_write == 1 &&
     qcow2_image_writable (images_engine (h->shared));
-  h->reader = qcow2_reader_new (images_engine (h->shared));
-  if (h->reader == NULL)
+  h->conn = qcow2_conn_new (images_engine (h->shared));
+  if (h->conn == NULL)
     return -1;
   return 0;
 }
 
-/* The reader and the image are released here rather than in .close,
+/* The connection and the image are released here rather than in .close,
  * which nbdkit skips when it is shutting down.  nbdkit's own threads send
  * no request after .finalize, but a filter above may, from a thread of
  * its own: nbdkit 1.32's readahead sends the .cache requests still in
@@ -135,8 +136,8 @@ qcow2zstd_finalize (nbdkit_next *next, void *handle)
   struct handle *h = handle;
 
   pthread_rwlock_wrlock (&h->finalize_lock);
-  qcow2_reader_free (h->reader);
-  h->reader = NULL;
+  qcow2_conn_free (h->conn);
+  h->conn = NULL;
   if (h->shared) {
     /* Every connection that can write flushes: the export's last one to
      * leave may be one that cannot.  Errors were logged; what is on disk
@@ -159,7 +160,7 @@ qcow2zstd_close (void *handle)
   struct handle *h = handle;
 
   /* finalize is skipped when prepare failed part way. */
-  qcow2_reader_free (h->reader);
+  qcow2_conn_free (h->conn);
   if (h->shared)
     images_release (h->shared);
   pthread_rwlock_destroy (&h->finalize_lock);
@@ -180,13 +181,8 @@ qcow2zstd_block_size (nbdkit_next *next, void *handle,
                       uint32_t *maximum)
 {
   struct handle *h = handle;
-  uint32_t cluster_size =
-    qcow2_image_header (images_engine (h->shared))->cluster_size;
 
-  *minimum = 1;
-  /* Whole clusters decode straight into the client's buffer. */
-  *preferred = cluster_size > 4096 ? cluster_size : 4096;
-  *maximum = 0xffffffff;
+  glue_block_size (images_engine (h->shared), minimum, preferred, maximum);
   return 0;
 }
 
@@ -264,23 +260,8 @@ qcow2zstd_pread (nbdkit_next *next, void *handle,
 {
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
-  int r = qcow2_read (h->reader, &io, buf, count, offset);
 
-  if (r < 0) {
-    *err = -r;
-    return -1;
-  }
-  return 0;
-}
-
-static int
-result (int r, int *err)
-{
-  if (r < 0) {
-    *err = -r;
-    return -1;
-  }
-  return 0;
+  return glue_result (qcow2_read (h->conn, &io, buf, count, offset), err);
 }
 
 static int
@@ -291,8 +272,8 @@ qcow2zstd_pwrite (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return result (qcow2_write (h->reader, &io, buf, count, offset,
-                              flags & NBDKIT_FLAG_FUA), err);
+  return glue_result (qcow2_write (h->conn, &io, buf, count, offset,
+                                   flags & NBDKIT_FLAG_FUA), err);
 }
 
 static int
@@ -302,9 +283,9 @@ qcow2zstd_zero (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return result (qcow2_zero (h->reader, &io, count, offset,
-                             flags & NBDKIT_FLAG_FAST_ZERO,
-                             flags & NBDKIT_FLAG_FUA), err);
+  return glue_result (qcow2_zero (images_engine (h->shared), &io, count,
+                                  offset, flags & NBDKIT_FLAG_FAST_ZERO,
+                                  flags & NBDKIT_FLAG_FUA), err);
 }
 
 static int
@@ -314,8 +295,8 @@ qcow2zstd_trim (nbdkit_next *next, void *handle,
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return result (qcow2_trim (h->reader, &io, count, offset,
-                             flags & NBDKIT_FLAG_FUA), err);
+  return glue_result (qcow2_trim (images_engine (h->shared), &io, count,
+                                  offset, flags & NBDKIT_FLAG_FUA), err);
 }
 
 static int
@@ -324,7 +305,7 @@ qcow2zstd_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
 
-  return result (qcow2_flush (images_engine (h->shared), &io), err);
+  return glue_result (qcow2_flush (images_engine (h->shared), &io), err);
 }
 
 static int
@@ -334,15 +315,10 @@ qcow2zstd_extents (nbdkit_next *next, void *handle,
 {
   struct handle *h = handle;
   struct qcow2_io io = IO_FOR (next);
-  int r;
 
   /* A client asking for one extent is served by the first run. */
-  r = qcow2_extents (h->reader, &io, offset, count, params_add_extent, extents);
-  if (r < 0) {
-    *err = -r;
-    return -1;
-  }
-  return 0;
+  return glue_result (qcow2_extents (h->conn, &io, offset, count,
+                                     params_add_extent, extents), err);
 }
 
 static int
@@ -355,17 +331,13 @@ qcow2zstd_cache (nbdkit_next *next, void *handle,
 
   /* A prefetch is only advice: after .finalize there is nothing to do. */
   pthread_rwlock_rdlock (&h->finalize_lock);
-  if (h->reader)
-    r = qcow2_prefetch (h->reader, &io, offset, count);
+  if (h->conn)
+    r = qcow2_prefetch (h->conn, &io, offset, count);
   else
     nbdkit_debug ("qcow2zstd: cache request after the connection was "
                   "finalized: ignored");
   pthread_rwlock_unlock (&h->finalize_lock);
-  if (r < 0) {
-    *err = -r;
-    return -1;
-  }
-  return 0;
+  return glue_result (r, err);
 }
 
 static struct nbdkit_filter filter = {

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-filter: what the filter's files share. */
 #ifndef QCOW2ZSTD_FILTER_H
 #define QCOW2ZSTD_FILTER_H
@@ -9,6 +10,7 @@
 
 #include "qcow2.h"
 #include "params.h"
+#include "glue.h"
 
 /* images.c: one engine image per export, shared by its connections. */
 struct shared_image;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-plugin: serve a qcow2 image file.
  *
  * The plugin form of the filter, on the same engine and with the same
@@ -20,6 +21,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "glue.h"
 #include "params.h"
 #include "qcow2-fileio.h"
 
@@ -37,26 +39,12 @@ static bool created;
 static bool stats_logged;      /* by the cleanup, before the last close */
 
 struct handle {
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
   bool readonly;
 };
 
-static void
-log_error (void *opaque, const char *msg)
-{
-  nbdkit_error ("qcow2zstd: %s: %s", filename, msg);
-}
-
-static void
-log_debug (void *opaque, const char *msg)
-{
-  nbdkit_debug ("qcow2zstd: %s", msg);
-}
-
-static const struct qcow2_log engine_log = {
-  .error = log_error,
-  .debug = log_debug,
-};
+/* The engine's messages name the file: set with it. */
+static struct qcow2_log engine_log;
 
 static void
 qcow2zstd_load (void)
@@ -95,6 +83,7 @@ qcow2zstd_config_complete (void)
     nbdkit_error ("the image file was not given: nbdkit qcow2zstd FILE");
     return -1;
   }
+  engine_log = glue_engine_log (filename);
   engine_options.growable = true;
   return params_complete ();
 }
@@ -170,8 +159,8 @@ qcow2zstd_open (int readonly)
     free (h);
     return NULL;
   }
-  h->reader = qcow2_reader_new (image);
-  if (h->reader == NULL) {
+  h->conn = qcow2_conn_new (image);
+  if (h->conn == NULL) {
     free (h);
     return NULL;
   }
@@ -183,7 +172,7 @@ qcow2zstd_close (void *handle)
 {
   struct handle *h = handle;
 
-  qcow2_reader_free (h->reader);
+  qcow2_conn_free (h->conn);
   pthread_mutex_lock (&image_lock);
   if (--users == 0) {
     qcow2_flush (image, &file_io);
@@ -226,11 +215,7 @@ static int
 qcow2zstd_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
                       uint32_t *maximum)
 {
-  uint32_t cluster_size = qcow2_image_header (image)->cluster_size;
-
-  *minimum = 1;
-  *preferred = cluster_size > 4096 ? cluster_size : 4096;
-  *maximum = 0xffffffff;
+  glue_block_size (image, minimum, preferred, maximum);
   return 0;
 }
 
@@ -274,14 +259,11 @@ qcow2zstd_can_extents (void *handle)
   return 1;
 }
 
+/* A plugin reports the errno of a failure in errno. */
 static int
 errno_result (int r)
 {
-  if (r < 0) {
-    errno = -r;
-    return -1;
-  }
-  return 0;
+  return glue_result (r, &errno);
 }
 
 static int
@@ -289,7 +271,7 @@ qcow2zstd_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
                  uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_read (h->reader, &file_io, buf, count, offset));
+  return errno_result (qcow2_read (h->conn, &file_io, buf, count, offset));
 }
 
 static int
@@ -297,15 +279,14 @@ qcow2zstd_pwrite (void *handle, const void *buf, uint32_t count,
                   uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_write (h->reader, &file_io, buf, count, offset,
+  return errno_result (qcow2_write (h->conn, &file_io, buf, count, offset,
                                     flags & NBDKIT_FLAG_FUA));
 }
 
 static int
 qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  struct handle *h = handle;
-  return errno_result (qcow2_zero (h->reader, &file_io, count, offset,
+  return errno_result (qcow2_zero (image, &file_io, count, offset,
                                    flags & NBDKIT_FLAG_FAST_ZERO,
                                    flags & NBDKIT_FLAG_FUA));
 }
@@ -313,8 +294,7 @@ qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 qcow2zstd_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  struct handle *h = handle;
-  return errno_result (qcow2_trim (h->reader, &file_io, count, offset,
+  return errno_result (qcow2_trim (image, &file_io, count, offset,
                                    flags & NBDKIT_FLAG_FUA));
 }
 
@@ -329,7 +309,7 @@ qcow2zstd_extents (void *handle, uint32_t count, uint64_t offset,
                    uint32_t flags, struct nbdkit_extents *extents)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_extents (h->reader, &file_io, offset, count,
+  return errno_result (qcow2_extents (h->conn, &file_io, offset, count,
                                       params_add_extent, extents));
 }
 
@@ -338,7 +318,7 @@ qcow2zstd_cache (void *handle, uint32_t count, uint64_t offset,
                  uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_prefetch (h->reader, &file_io, offset, count));
+  return errno_result (qcow2_prefetch (h->conn, &file_io, offset, count));
 }
 
 static struct nbdkit_plugin plugin = {

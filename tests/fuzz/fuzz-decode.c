@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: decoding one compressed cluster.  The first byte picks the
  * compression type and the cluster size; the rest is the compressed range.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: header parsing, feature checks and the extension walk over
  * arbitrary bytes taken as the first cluster of an image.
  */

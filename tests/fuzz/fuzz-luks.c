@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: a LUKS1 header and its key material (the area the qcow2
  * crypto extension points at), as arbitrary bytes.  What parses is then
  * unlocked with the passphrase "fuzz" (the seeds are made with it), so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Runs a fuzz target over files named on the command line, for make check
  * and for reproducing a crash without libFuzzer.
  */

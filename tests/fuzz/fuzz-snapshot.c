@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: the internal snapshot table.  The first 16 bytes give the
  * image (version, cluster_bits, nb_snapshots, virtual size); the rest is
  * the table, read at cluster 5 of a file that ends with it.  Every parsed

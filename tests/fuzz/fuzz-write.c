@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: a sequence of writes, zeroes, trims, flushes and reads over
  * an arbitrary image held in memory, opened for writing.  If the image's
  * refcounts covered its references before (no cluster is referenced more
@@ -15,50 +16,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-internal.h"
+#include "qcow2-types.h"
+#include "qcow2-entries.h"
+#include "qcow2-map.h"
+#include "qcow2-refcount.h"
+#include "mem-io.h"
 #include "qcow2-endian.h"
 
 #define OPS 8
 #define OPS_BYTES (OPS * 8)
 #define ROOM (256 * 1024)       /* free space after the image */
-
-struct memfile {
-  uint8_t *data;
-  size_t size;
-};
-
-static int
-mem_pread (void *opaque, void *buf, size_t count, uint64_t offset)
-{
-  struct memfile *f = opaque;
-  if (offset > f->size || count > f->size - offset)
-    abort ();
-  memcpy (buf, f->data + offset, count);
-  return 0;
-}
-
-static int
-mem_pwrite (void *opaque, const void *buf, size_t count, uint64_t offset)
-{
-  struct memfile *f = opaque;
-  if (offset > f->size || count > f->size - offset)
-    abort ();                   /* the engine must stay inside size() */
-  memcpy (f->data + offset, buf, count);
-  return 0;
-}
-
-static int
-mem_flush (void *opaque)
-{
-  return 0;
-}
-
-static int64_t
-mem_size (void *opaque)
-{
-  struct memfile *f = opaque;
-  return f->size;
-}
 
 /* Does every host cluster have a refcount at least as large as the number
  * of references to it (header, L1, refcount table and blocks, L2 tables,
@@ -142,37 +109,33 @@ int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
   static uint8_t buf[1 << 18];
-  struct memfile file;
-  struct qcow2_io io = {
-    .opaque = &file, .pread = mem_pread, .pwrite = mem_pwrite,
-    .flush = mem_flush, .size = mem_size,
-  };
+  struct mem_io file;
+  struct qcow2_io *io = &file.io;
   struct qcow2_log log = { .error = quiet };
   struct qcow2_options opts = {
     .writable = true, .request_size = 65536,
     .l2_cache_size = 1 << 20, .cluster_cache_size = 1 << 20,
   };
   struct qcow2_image *img;
-  struct qcow2_reader *reader;
+  struct qcow2_conn *conn;
   bool was_consistent;
 
   if (size < OPS_BYTES + 72 || size > (4 << 20))
     return 0;
-  file.size = size - OPS_BYTES + ROOM;
-  file.data = calloc (1, file.size);
-  if (file.data == NULL)
-    abort ();
-  memcpy (file.data, data + OPS_BYTES, size - OPS_BYTES);
+  /* The engine must stay inside size() and off the pool's threads. */
+  mem_io_init (&file, data + OPS_BYTES, size - OPS_BYTES,
+               size - OPS_BYTES + ROOM, MEM_IO_WRITABLE | MEM_IO_ABORT);
+  mem_io_engine_call = true;
   opts.threads = data[0] % 2;
   opts.compress = data[1] & 1;
 
-  if (qcow2_image_open (&io, &log, &opts, &img) < 0)
+  if (qcow2_image_open (io, &log, &opts, &img) < 0)
     goto out;
-  reader = qcow2_reader_new (img);
-  if (reader == NULL)
+  conn = qcow2_conn_new (img);
+  if (conn == NULL)
     abort ();
   pthread_rwlock_wrlock (&img->lock);
-  was_consistent = refcounts_cover_references (img, &io);
+  was_consistent = refcounts_cover_references (img, io);
   pthread_rwlock_unlock (&img->lock);
 
   uint64_t vsize = img->header.virtual_size;
@@ -186,25 +149,25 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       len = sizeof buf;
     memset (buf, op[1], len);
     switch (op[0] % 5) {
-    case 0: qcow2_write (reader, &io, buf, len, off, op[1] & 1); break;
-    case 1: qcow2_zero (reader, &io, len, off, op[1] & 2, false); break;
-    case 2: qcow2_trim (reader, &io, len, off, false); break;
-    case 3: qcow2_flush (img, &io); break;
-    case 4: qcow2_read (reader, &io, buf, len, off); break;
+    case 0: qcow2_write (conn, io, buf, len, off, op[1] & 1); break;
+    case 1: qcow2_zero (img, io, len, off, op[1] & 2, false); break;
+    case 2: qcow2_trim (img, io, len, off, false); break;
+    case 3: qcow2_flush (img, io); break;
+    case 4: qcow2_read (conn, io, buf, len, off); break;
     }
   }
-  qcow2_flush (img, &io);
+  qcow2_flush (img, io);
   if (was_consistent) {
     pthread_rwlock_wrlock (&img->lock);
-    if (!refcounts_cover_references (img, &io)) {
+    if (!refcounts_cover_references (img, io)) {
       fprintf (stderr, "a cluster has fewer refcounts than references after writing\n");
       abort ();
     }
     pthread_rwlock_unlock (&img->lock);
   }
-  qcow2_reader_free (reader);
+  qcow2_conn_free (conn);
   qcow2_image_close (img);
  out:
-  free (file.data);
+  mem_io_free (&file);
   return 0;
 }

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Regenerates the seed corpora in corpus-*/ from small qemu-made images.
 # Run by hand when the image layouts worth seeding change; the output is
 # committed so that make check and the fuzzers need no qemu.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Writes a LUKS area for the fuzz-luks seed corpus: CIPHER MODE KEY_BYTES
  * HASH STRIPES OUT.  One iteration and few stripes keep it small and
  * quick to unlock with the passphrase "fuzz".  Built and run by

@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: backing files.
+ *
+ * An image whose header names a backing file reads its unallocated
+ * clusters from it, and a partial write into such a cluster copies the
+ * rest of the cluster from it.  The backing file is raw or qcow2 (which
+ * may have a backing file of its own: a chain, up to 16 deep), is opened
+ * read-only by the engine itself, and is read in the calling thread.
+ * Past its end it reads as zeros.
+ *
+ * Offers: qcow2_backing_open, qcow2_backing_close; the paths read the
+ * backing file through img->read_backing, which the open sets.
+ * Locks: the caller holds the image's lock; a qcow2 backing file's
+ * image lock is taken below it.
+ * Needs: file I/O, and the engine's own image open and read for a qcow2
+ * backing file.
+ */
+#ifndef QCOW2_BACKING_H
+#define QCOW2_BACKING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qcow2-types.h"
+
+/* Open the backing file the header in FIRST (FIRST_LEN bytes, the first
+ * cluster) names, or the one opts.backing_path overrides it with, as
+ * img->backing, and set img->read_backing.  0, or -errno after logging.
+ */
+int qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
+                        size_t first_len);
+void qcow2_backing_close (struct qcow2_image *img);
+
+#endif /* QCOW2_BACKING_H */

@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: the refcounts in memory.
+ *
+ * While an image is open for writing, its refcount table and every
+ * refcount block touched so far are held in memory (img->rc) and changed
+ * there; qcow2_refcount_writeback writes them back, blocks before the
+ * table that points at them.  This module only stores counts: deciding
+ * which clusters to hand out, where a new block or a bigger table goes
+ * and when a release may be applied is the allocator's (qcow2-alloc.h).
+ *
+ * Offers: loading, reading and changing counts, making a block, growing
+ * and moving the table, the writeback of blocks and table.
+ * Locks: every call with the image lock held exclusively.
+ * Needs: host I/O.
+ */
+#ifndef QCOW2_REFCOUNT_H
+#define QCOW2_REFCOUNT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "qcow2-types.h"
+
+/* Read and check the refcount table the header names; blocks are read as
+ * they are needed.  0, or -errno after logging (a table outside the file
+ * or with bad entries refuses writing).
+ */
+int qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io);
+void qcow2_refcount_free (struct qcow2_image *img);
+
+/* The refcount of host cluster CLUSTER (0 where no block counts it). */
+int qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
+                        uint64_t cluster, uint64_t *refcount);
+
+/* Add DELTA to the refcount of CLUSTER and, if NOW is not NULL, set *NOW
+ * to the new count.  To count up, the cluster's block must exist (the
+ * allocator makes blocks; everyone else only adds to clusters already
+ * counted).  -EIO if the count would drop below zero, -ERANGE above the
+ * refcount width, after logging.
+ */
+int qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
+                        uint64_t cluster, int delta, uint64_t *now);
+
+/* Is there a block for table index RT_INDEX (loading it)? */
+int qcow2_refcount_has_block (struct qcow2_image *img, struct qcow2_io *io,
+                              uint64_t rt_index, bool *has);
+
+/* Is the cluster at host OFFSET a refcount block held in memory? */
+bool qcow2_refcount_is_block (const struct qcow2_image *img, uint64_t offset);
+
+/* Make an empty block for table index RT_INDEX (inside the table) at host
+ * cluster CLUSTER, which the caller counts.  0, or -ENOMEM after logging.
+ */
+int qcow2_refcount_add_block (struct qcow2_image *img, uint64_t rt_index,
+                              uint64_t cluster);
+
+/* Make the table in memory ENTRIES long (not shorter than it is), the new
+ * entries empty.  It must then get a place: qcow2_refcount_place_table.
+ */
+int qcow2_refcount_resize_table (struct qcow2_image *img, uint64_t entries);
+
+/* The table goes whole to CLUSTERS clusters at host OFFSET at the next
+ * writeback, and the header then names it.
+ */
+void qcow2_refcount_place_table (struct qcow2_image *img, uint64_t offset,
+                                 uint32_t clusters);
+
+/* Write the changed blocks, then (if it changed) the table, and (if it
+ * moved) the header's refcount table fields, with a flush before each of
+ * the last two.  The caller flushes afterwards.  0, or -errno after
+ * logging.
+ */
+int qcow2_refcount_writeback (struct qcow2_image *img, struct qcow2_io *io);
+
+#endif /* QCOW2_REFCOUNT_H */

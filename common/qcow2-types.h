@@ -1,0 +1,257 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: the engine's structs, and the order of its locks.
+ *
+ * Every engine file includes this header.  It holds the structs and
+ * nothing else: the functions are declared by the header of the module
+ * that implements them.  Where one file alone writes a struct or a
+ * field, the comment says which; the others only read it.
+ *
+ * The lock order.  A thread that holds one of these locks takes only
+ * locks further down the list, never one above:
+ *
+ *   1. qcow2_image.lock (rwlock): writers exclusive, readers shared.  An
+ *      image's lock comes before the lock of its backing file's image
+ *      (a read through the backing chain takes them top down).
+ *   2. qcow2_image.dedup_lock: the table of compressed clusters.
+ *   3. a connection's lock (its free lists of requests and batches), then
+ *      its readahead lock (only ever tried, never waited for).
+ *   4. a pool's lock (qcow2-pool.c): queued batches, finished jobs.
+ *   5. a cache shard's lock (qcow2-cache.c).
+ *
+ * qcow2_image.compressors_lock guards the start of the compressor
+ * threads and is held with no other lock.
+ */
+#ifndef QCOW2_TYPES_H
+#define QCOW2_TYPES_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qcow2.h"
+#include "qcow2-pool.h"
+#include "qcow2-tablemap.h"
+
+struct qcow2_cache;
+struct qcow2_decoder;
+struct qcow2_encoder;
+struct backing;
+struct dedup_slot;
+
+/* A range of host bytes whose clusters lose one reference once the
+ * metadata that stopped pointing at them is on disk.
+ */
+struct pending_free {
+  uint64_t offset;
+  uint64_t length;
+  uint64_t cache_key;         /* cluster cache key to drop, or 0 */
+};
+
+/* The refcounts in memory, loaded when the image is opened for writing
+ * (written by qcow2-refcount.c; the allocator reads the geometry).
+ */
+struct refcounts {
+  uint64_t *table;            /* host order */
+  uint64_t table_entries;
+  uint64_t table_offset;      /* where the table is, or goes, on disk */
+  uint32_t table_clusters;
+  bool table_dirty;           /* entries changed since written */
+  bool table_moved;           /* grown: write it whole, then the header */
+  struct tablemap blocks;     /* every refcount block loaded so far */
+  unsigned width_order;       /* refcount_order */
+  unsigned block_bits;        /* log2 of refcounts per block */
+  uint64_t max_refcount;
+};
+
+/* Where the next clusters come from, and what waits to be released
+ * (written by qcow2-alloc.c).
+ */
+struct allocator {
+  uint64_t host_clusters;     /* clusters that fit in the file */
+  uint64_t free_hint;         /* no free cluster below this index */
+  uint64_t pack_cursor;       /* next free byte for compressed data, or 0 */
+  /* While compressed data is being packed, single clusters for plain
+   * data and tables come from this window of free clusters set apart.
+   */
+  uint64_t window_next, window_end;
+  struct pending_free *pending;
+  size_t npending, pending_cap;
+};
+
+struct qcow2_image {
+  struct qcow2_header header;
+  struct qcow2_log log;
+  struct qcow2_options opts;
+  uint64_t file_size;
+  uint64_t *l1;                       /* host order, l1_size entries */
+  struct qcow2_cache *l2_cache;       /* raw big-endian L2 tables */
+  struct qcow2_cache *cluster_cache;  /* decompressed clusters */
+
+  /* Compressed descriptors: bits below csize_shift are the host byte
+   * offset, the csize_bits above them the extra sector count.
+   */
+  unsigned csize_shift;
+  uint64_t csize_mask;
+  uint64_t coffset_mask;
+
+  /* Writers hold it exclusively, readers shared: a read never sees an
+   * L2 table or the L1 table half changed.
+   */
+  pthread_rwlock_t lock;
+
+  /* Write state (opts.writable), changed only under the lock held
+   * exclusively.
+   */
+  struct refcounts rc;
+  struct allocator alloc;
+  /* The changed L2 tables not yet on disk, and the changed L1 entries
+   * (written by qcow2-writeback.c; the map and the allocator read them).
+   */
+  struct tablemap dirty_l2;
+  uint8_t *l1_dirty;          /* per L1 entry: changed since written */
+  bool l1_any_dirty;
+  /* Scratch for whoever holds the lock exclusively. */
+  uint8_t *wbuf;              /* one cluster */
+  uint8_t *wcompressed;       /* the largest compressed range */
+  struct qcow2_decoder *wdecoder;
+
+  /* The backing file (qcow2-backing.c), NULL when unallocated clusters
+   * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros
+   * past its end).  A pointer, because a qcow2 backing file is read by
+   * the very read path that calls it.
+   */
+  struct backing *backing;
+  int (*read_backing) (struct qcow2_image *img, void *buf, uint64_t len,
+                       uint64_t offset);
+
+  /* The compressor threads, started by the first compressing write
+   * (qcow2-compress.c).
+   */
+  pthread_mutex_t compressors_lock;
+  struct qcow2_pool *compressors;
+  struct qcow2_encoder *wencoder;     /* under the lock, when sharing failed */
+
+  /* Compressed clusters by the hash of their data (qcow2-dedup.c). */
+  pthread_mutex_t dedup_lock;
+  struct dedup_slot *dedup;
+  uint64_t dedup_mask;
+
+  /* Bumped before released clusters' cache entries are dropped, so that
+   * a decode started before the release cannot put them back.
+   */
+  _Atomic uint64_t free_generation;
+
+  /* Bytes written to the file since the last flush began, and whether
+   * a write is flushing them early (flush_data_early in qcow2-write.c).
+   */
+  _Atomic uint64_t unflushed_bytes;
+  atomic_bool early_flush_running;
+
+  _Atomic unsigned active_reads;      /* reads in progress, all readers */
+  _Atomic uint64_t clusters_decompressed;
+  _Atomic uint64_t bytes_read_underneath;
+  _Atomic uint64_t reads_underneath;
+};
+
+enum cluster_kind {
+  CLUSTER_UNALLOCATED,
+  CLUSTER_ZERO,
+  CLUSTER_NORMAL,
+  CLUSTER_COMPRESSED,
+};
+
+/* Where one guest cluster's data lives. */
+struct cluster_map {
+  enum cluster_kind kind;
+  uint64_t host_offset;       /* normal: cluster start; compressed: byte */
+  uint64_t compressed_len;    /* compressed: bytes in the range */
+  uint64_t l2_entry;          /* the raw entry (cache key) */
+};
+
+/* What each thread that decodes keeps: a connection's pool workers, and
+ * each read request for its calling thread (qcow2-conn.c).
+ */
+struct thread_state {
+  struct qcow2_decoder *dec;
+  uint8_t *scratch;             /* one cluster */
+  char err[256];
+};
+
+/* One compressed cluster to decode (qcow2-chunk.c). */
+struct job {
+  uint32_t in_off;              /* of its data in the staging buffer */
+  uint32_t in_len;
+  uint8_t *whole_dst;           /* the request covers the cluster: decode here */
+  uint8_t *part_dst;            /* else copy part_len bytes from part_off */
+  uint32_t part_off, part_len;
+  uint64_t key;                 /* L2 entry, the cluster cache key */
+  uint64_t guest_offset;        /* for messages */
+};
+
+/* Most clusters in one chunk. */
+#define QCOW2_MAX_CHUNK_CLUSTERS 1024
+
+/* Compressed clusters whose bytes lie (nearly) back to back on the host,
+ * fetched with one read and decoded by the connection's pool
+ * (qcow2-chunk.c).
+ */
+struct chunk {
+  struct qcow2_batch batch;
+  struct qcow2_image *img;
+  size_t clusters_per_job;
+  uint8_t *staging;
+  struct job jobs[QCOW2_MAX_CHUNK_CLUSTERS];
+  size_t njobs;
+  uint64_t host_start, host_end;
+  bool in_flight;
+  bool readahead;               /* nobody waits: results only go to the cache */
+  uint64_t generation;          /* img->free_generation when it was read */
+  _Atomic int failed;
+  char errmsg[400];
+};
+
+/* The state of one read in progress.  A connection keeps the ones it
+ * made on a free list, so concurrent reads of one connection each get
+ * their own without allocating on every request (made by qcow2-conn.c,
+ * used by qcow2-read.c).
+ */
+struct request {
+  struct request *next_free;
+  struct chunk chunk[2];
+  unsigned cur;
+  struct thread_state caller;
+  uint8_t *l2buf;
+
+  /* A pending run of host-contiguous normal clusters. */
+  uint8_t *run_dst;
+  uint64_t run_host, run_len;
+};
+
+/* A batch of whole clusters to compress on the image's compressor
+ * threads (filled by qcow2-write.c, compressed and placed by
+ * qcow2-compress.c, kept by the connection: qcow2-conn.c).  RESULT holds
+ * for each cluster the compressed length, 0 to store it plain, or:
+ */
+#define QCOW2_COMPRESS_ALL_ZERO INT64_MIN        /* every byte is zero */
+#define QCOW2_COMPRESS_DUPLICATE (INT64_MIN + 1)  /* dedup[i] is to be
+                                                     checked and shared */
+struct compress_ctx {
+  struct compress_ctx *next_free;
+  struct qcow2_image *img;
+  size_t count;                 /* clusters in this batch */
+  size_t capacity;              /* clusters OUT can hold */
+  const uint8_t **src;          /* per cluster */
+  uint32_t *src_len;            /* < cluster size: zero padded */
+  int64_t *result;              /* length, 0: store plain, ALL_ZERO,
+                                   DUPLICATE */
+  uint64_t *hash;               /* qcow2_dedup_hash; 0: last, partial */
+  uint64_t *dedup;              /* an L2 entry that may hold the same
+                                   data (the writer looked), or 0 */
+  uint8_t *out;                 /* capacity * cluster_size */
+  _Atomic int failed;
+  char errmsg[400];
+  pthread_cond_t finished;      /* the compressors finished the batch */
+};
+#endif /* QCOW2_TYPES_H */

@@ -1,0 +1,299 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd glue: the parameters of the filter and the plugin. */
+
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nbdkit.h"
+#include "params.h"
+#include "qcow2-codec.h"
+
+/* -D qcow2zstd.FLAG=1 (see params.h). */
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_image;
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_map;
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_pool;
+NBDKIT_DLL_PUBLIC int qcow2zstd_debug_stats;
+
+struct qcow2_options engine_options = {
+  .threads = 0,                 /* set in params_complete */
+  .request_size = QCOW2_DEFAULT_REQUEST_SIZE,
+  .l2_cache_size = QCOW2_DEFAULT_L2_CACHE_SIZE,
+  .cluster_cache_size = QCOW2_DEFAULT_CLUSTER_CACHE_SIZE,
+};
+bool create_requested;
+struct qcow2_create_options create_options = {
+  .cluster_bits = 16,
+  .compression_type = QCOW2_COMPRESSION_ZSTD,
+};
+
+static unsigned threads_param;  /* 0: not given */
+static int compress_param = -1; /* -1: not given */
+static bool create_details_given;
+
+/* nbdkit 1.32 gives filters no way to add --dump-plugin lines, so the
+ * filter prints its own when it sees that option on the command line.
+ */
+void
+params_dump_if_asked (void)
+{
+  char args[8192];
+  FILE *fp = fopen ("/proc/self/cmdline", "r");
+  size_t len, i;
+  char versions[128];
+
+  if (fp == NULL)
+    return;
+  len = fread (args, 1, sizeof args - 1, fp);
+  fclose (fp);
+  args[len] = '\0';
+  for (i = 0; i < len; i += strlen (args + i) + 1) {
+    if (strcmp (args + i, "--dump-plugin") == 0) {
+      qcow2_codec_versions (versions, sizeof versions);
+      printf ("qcow2zstd_codecs=zlib,zstd\n");
+      printf ("qcow2zstd_codec_versions=%s\n", versions);
+#ifdef HAVE_LIBDEFLATE
+      printf ("qcow2zstd_deflate_decoder=libdeflate\n");
+#else
+      printf ("qcow2zstd_deflate_decoder=zlib\n");
+#endif
+      fflush (stdout);
+      return;
+    }
+  }
+}
+
+static uint64_t
+physical_memory (void)
+{
+  long pages = sysconf (_SC_PHYS_PAGES), page_size = sysconf (_SC_PAGESIZE);
+
+  if (pages <= 0 || page_size <= 0)
+    return UINT64_C (1) << 40;
+  return (uint64_t) pages * page_size;
+}
+
+static int
+parse_size_param (const char *key, const char *value, uint64_t min,
+                  uint64_t max, uint64_t *out)
+{
+  int64_t size = nbdkit_parse_size (value);
+
+  if (size == -1) {
+    nbdkit_error ("%s: cannot parse '%s' as a size", key, value);
+    return -1;
+  }
+  if ((uint64_t) size < min || (uint64_t) size > max) {
+    nbdkit_error ("%s: %s is out of range (%" PRIu64 " to %" PRIu64 ")",
+                  key, value, min, max);
+    return -1;
+  }
+  *out = size;
+  return 0;
+}
+
+/* The image's directory, when the plugin is nbdkit's file plugin: its
+ * file= (or dir=) parameter passes by here too, and relative backing
+ * file names are resolved from there.  Taken now, before nbdkit may
+ * change directory.
+ */
+static char *image_dir;
+
+static void
+note_image_path (const char *key, const char *value)
+{
+  char *path = realpath (value, NULL), *slash;
+
+  if (path == NULL)
+    return;                     /* the plugin will report it */
+  free (image_dir);
+  image_dir = NULL;
+  if (strcmp (key, "dir") == 0)
+    image_dir = path;
+  else if ((slash = strrchr (path, '/')) != NULL) {
+    slash[slash == path ? 1 : 0] = '\0';
+    image_dir = path;
+  }
+  else
+    free (path);
+  engine_options.image_dir = image_dir;
+}
+
+void
+params_unload (void)
+{
+  free (image_dir);
+  free ((char *) engine_options.backing_path);
+}
+
+int
+params_config (const char *key, const char *value)
+{
+  if (strcmp (key, "file") == 0 || strcmp (key, "dir") == 0) {
+    note_image_path (key, value);
+    return 1;                   /* the plugin's own parameter */
+  }
+  if (strcmp (key, "qcow2-backing") == 0) {
+    char *path = realpath (value, NULL);
+    if (path == NULL) {
+      nbdkit_error ("qcow2-backing: %s: %m", value);
+      return -1;
+    }
+    engine_options.backing_path = path;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-threads") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &threads_param) == -1)
+      return -1;
+    if (threads_param < 1 || threads_param > 256) {
+      nbdkit_error ("qcow2-threads: %s is out of range (1 to 256)", value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "qcow2-request-size") == 0)
+    return parse_size_param (key, value, QCOW2_MIN_REQUEST_SIZE,
+                             QCOW2_MAX_REQUEST_SIZE, &engine_options.request_size);
+  /* The caches reserve their memory when the image opens, so they may
+   * not exceed the machine's memory.
+   */
+  if (strcmp (key, "qcow2-l2-cache-size") == 0)
+    return parse_size_param (key, value, 0, physical_memory (),
+                             &engine_options.l2_cache_size);
+  if (strcmp (key, "qcow2-cluster-cache-size") == 0)
+    return parse_size_param (key, value, 0, physical_memory (),
+                             &engine_options.cluster_cache_size);
+  if (strcmp (key, "qcow2-create") == 0) {
+    create_requested = true;
+    if (parse_size_param (key, value, 0, INT64_MAX / 2,
+                          &create_options.virtual_size) == -1)
+      return -1;
+    /* qemu sees a disk in whole 512-byte sectors (it would drop a partial
+     * last one), so round up as qemu-img create does.
+     */
+    create_options.virtual_size = (create_options.virtual_size + 511) & ~UINT64_C (511);
+    return 0;
+  }
+  if (strcmp (key, "qcow2-cluster-size") == 0) {
+    uint64_t size;
+    if (parse_size_param (key, value, 512, 2 << 20, &size) == -1)
+      return -1;
+    if (size & (size - 1)) {
+      nbdkit_error ("%s: %s is not a power of 2", key, value);
+      return -1;
+    }
+    create_options.cluster_bits = __builtin_ctzll (size);
+    create_details_given = true;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-compression-type") == 0) {
+    if (strcmp (value, "zstd") == 0)
+      create_options.compression_type = QCOW2_COMPRESSION_ZSTD;
+    else if (strcmp (value, "zlib") == 0)
+      create_options.compression_type = QCOW2_COMPRESSION_ZLIB;
+    else {
+      nbdkit_error ("%s: unknown compression type '%s' (zlib or zstd)",
+                    key, value);
+      return -1;
+    }
+    create_details_given = true;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-compress") == 0) {
+    compress_param = nbdkit_parse_bool (value);
+    if (compress_param == -1) {
+      nbdkit_error ("%s: '%s' is not a boolean", key, value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "qcow2-compression-level") == 0) {
+    if (nbdkit_parse_int (key, value, &engine_options.compression_level) == -1)
+      return -1;
+    /* The codec's own range is checked when the image's type is known. */
+    if (engine_options.compression_level < 1 || engine_options.compression_level > 22) {
+      nbdkit_error ("%s: %s is out of range (zlib 1 to 9, zstd 1 to 22)",
+                    key, value);
+      return -1;
+    }
+    return 0;
+  }
+  return 1;
+}
+
+int
+params_complete (void)
+{
+  unsigned threads = threads_param;
+
+  if (threads == 0) {
+    long cpus = sysconf (_SC_NPROCESSORS_ONLN);
+    threads = cpus > 0 ? (cpus > 256 ? 256 : cpus) : 1;
+  }
+  /* The thread that calls pread decodes too, so N threads means N-1
+   * workers in the pool.
+   */
+  engine_options.threads = threads - 1;
+  engine_options.compress_threads = threads;
+
+  if (create_details_given && !create_requested) {
+    nbdkit_error ("qcow2-cluster-size and qcow2-compression-type only "
+                  "apply with qcow2-create=SIZE");
+    return -1;
+  }
+  if (create_requested) {
+    char err[256];
+    if (qcow2_create_validate (&create_options, err, sizeof err) == -1) {
+      nbdkit_error ("%s", err);
+      return -1;
+    }
+  }
+  /* nbdkit sets the -D flags before configuring. */
+  engine_options.debug =
+    (qcow2zstd_debug_image ? QCOW2_DEBUG_IMAGE : 0) |
+    (qcow2zstd_debug_map ? QCOW2_DEBUG_MAP : 0) |
+    (qcow2zstd_debug_pool ? QCOW2_DEBUG_POOL : 0);
+  /* Compression is what creating an image is for; an existing image is
+   * written the way qemu writes it unless asked.
+   */
+  engine_options.compress = compress_param == -1 ? create_requested : compress_param;
+  return 0;
+}
+
+void
+params_log_stats (struct qcow2_image *img, const char *exportname)
+{
+  struct qcow2_stats s;
+
+  if (!qcow2zstd_debug_stats)
+    return;
+  qcow2_image_get_stats (img, &s);
+  nbdkit_debug ("qcow2zstd: stats for export '%s': %" PRIu64 " clusters "
+                "decompressed, cluster cache %" PRIu64 " hits %" PRIu64
+                " misses %" PRIu64 " evictions (%.0f%% hits), L2 cache %"
+                PRIu64 " hits %" PRIu64 " misses %" PRIu64 " evictions, %"
+                PRIu64 " bytes in %" PRIu64 " reads underneath", exportname,
+                s.clusters_decompressed,
+                s.cluster_cache_hits, s.cluster_cache_misses,
+                s.cluster_cache_evictions,
+                s.cluster_cache_hits + s.cluster_cache_misses
+                ? 100.0 * s.cluster_cache_hits /
+                  (s.cluster_cache_hits + s.cluster_cache_misses) : 0.0,
+                s.l2_cache_hits, s.l2_cache_misses, s.l2_cache_evictions,
+                s.bytes_read_underneath, s.reads_underneath);
+}
+
+int
+params_add_extent (void *extents, uint64_t offset, uint64_t length, bool zero)
+{
+  if (nbdkit_add_extent (extents, offset, length,
+                         zero ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO : 0)
+      == -1)
+    return -errno;
+  return 0;
+}

@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd: what the filter and the plugin share: the parameters, the
+ * debug flags, --dump-plugin, the statistics line, the extents adapter.
+ */
+#ifndef QCOW2ZSTD_PARAMS_H
+#define QCOW2ZSTD_PARAMS_H
+
+#include <stdbool.h>
+
+#include "qcow2.h"
+
+/* -D qcow2zstd.image=1: opening an image: header, extensions, backing.
+ * -D qcow2zstd.map=1: each request: its clusters by kind, cache hits.
+ * -D qcow2zstd.pool=1: each batch: jobs run by the caller and the workers.
+ * -D qcow2zstd.stats=1: counters and cache hit rates when an image closes.
+ */
+extern int qcow2zstd_debug_image;
+extern int qcow2zstd_debug_map;
+extern int qcow2zstd_debug_pool;
+extern int qcow2zstd_debug_stats;
+
+/* params.c: the parameters, settled by params_complete. */
+extern struct qcow2_options engine_options;
+extern bool create_requested;
+extern struct qcow2_create_options create_options;
+
+/* Handle KEY=VALUE if it is one of ours: 0 done, -1 error, 1 not ours.
+ * file= and dir= (the file plugin's, or the plugin form's own file=) are
+ * noted, for resolving relative backing file names, and passed on.
+ */
+int params_config (const char *key, const char *value);
+int params_complete (void);
+void params_dump_if_asked (void);
+void params_unload (void);
+void params_log_stats (struct qcow2_image *img, const char *name);
+/* The engine's extent callback: adds to a struct nbdkit_extents. */
+int params_add_extent (void *extents, uint64_t offset, uint64_t length,
+                       bool zero);
+
+#define PARAMS_HELP \
+  "qcow2-threads=N                Threads (de)compressing each request (default: CPUs).\n" \
+  "qcow2-request-size=SIZE        Largest read of the plugin (default 4M).\n" \
+  "qcow2-l2-cache-size=SIZE       L2 table cache, all connections (default 32M).\n" \
+  "qcow2-cluster-cache-size=SIZE  Decompressed cluster cache (default 64M).\n" \
+  "qcow2-create=SIZE              Format the storage as a new image of SIZE.\n" \
+  "qcow2-cluster-size=SIZE        Cluster size of a created image (default 64K).\n" \
+  "qcow2-compression-type=zlib|zstd  Of a created image (default zstd).\n" \
+  "qcow2-compress=BOOL            Store whole-cluster writes compressed.\n" \
+  "qcow2-compression-level=N      zlib 1-9 (default 5), zstd 1-22 (default 3).\n" \
+  "qcow2-backing=PATH             The backing file (default: the image's own)."
+
+#endif /* QCOW2ZSTD_PARAMS_H */

@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd unit tests: the engine's storage in memory. */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mem-io.h"
+#include "util.h"
+
+_Thread_local bool mem_io_engine_call;
+
+static bool
+touches (uint64_t offset, uint64_t len, uint64_t from, uint64_t to)
+{
+  return offset < to && offset + len > from;
+}
+
+/* Check the contract for an access of LEN bytes at OFFSET. */
+static bool
+allowed (struct mem_io *m, const char *what, uint64_t offset, uint64_t len)
+{
+  bool ok = true;
+
+  if (!(m->flags & MEM_IO_ANY_THREAD) && !mem_io_engine_call) {
+    atomic_fetch_add (&m->wrong_thread, 1);
+    if (m->flags & MEM_IO_ABORT) {
+      fprintf (stderr, "%s from a thread outside the engine's call\n", what);
+      abort ();
+    }
+  }
+  if (offset > m->size || len > m->size - offset) {
+    atomic_fetch_add (&m->outside, 1);
+    if (m->flags & MEM_IO_ABORT) {
+      fprintf (stderr, "%s of %" PRIu64 " bytes at %" PRIu64 " beyond the "
+               "storage's %" PRIu64 " bytes\n", what, len, offset, m->size);
+      abort ();
+    }
+    ok = false;
+  }
+  return ok;
+}
+
+static int
+mem_pread (void *opaque, void *buf, size_t count, uint64_t offset)
+{
+  struct mem_io *m = opaque;
+
+  atomic_fetch_add (&m->preads, 1);
+  for (unsigned long seen = atomic_load (&m->largest); count > seen; )
+    if (atomic_compare_exchange_weak (&m->largest, &seen, count))
+      break;
+  if (!allowed (m, "pread", offset, count))
+    return -EIO;
+  if (m->fail_errno && touches (offset, count, m->fail_from, m->fail_to))
+    return -m->fail_errno;
+  memcpy (buf, m->data + offset, count);
+  return 0;
+}
+
+static void
+log_op (struct mem_io *m, bool flush, const void *buf, size_t count,
+        uint64_t offset)
+{
+  struct mem_op *op;
+
+  if (!(m->flags & MEM_IO_RECORD))
+    return;
+  pthread_mutex_lock (&m->lock);
+  if (m->nops == m->ops_cap) {
+    m->ops_cap = m->ops_cap ? 2 * m->ops_cap : 256;
+    m->ops = realloc (m->ops, m->ops_cap * sizeof *m->ops);
+    if (m->ops == NULL) {
+      perror ("realloc");
+      exit (1);
+    }
+  }
+  op = &m->ops[m->nops++];
+  op->flush = flush;
+  op->offset = offset;
+  op->len = count;
+  op->data = NULL;
+  if (!flush) {
+    op->data = xmalloc (count);
+    memcpy (op->data, buf, count);
+  }
+  else {
+    /* What every write before this flush made is durable now. */
+    for (; m->durable_ops < m->nops; m->durable_ops++) {
+      const struct mem_op *w = &m->ops[m->durable_ops];
+      if (!w->flush)
+        memcpy (m->durable + w->offset, w->data, w->len);
+    }
+  }
+  pthread_mutex_unlock (&m->lock);
+}
+
+static int
+mem_pwrite (void *opaque, const void *buf, size_t count, uint64_t offset)
+{
+  struct mem_io *m = opaque;
+
+  atomic_fetch_add (&m->pwrites, 1);
+  if (!allowed (m, "pwrite", offset, count))
+    return -EIO;
+  if (m->write_fail_errno &&
+      touches (offset, count, m->write_fail_from, m->write_fail_to))
+    return -m->write_fail_errno;
+  memcpy (m->data + offset, buf, count);
+  log_op (m, false, buf, count, offset);
+  return 0;
+}
+
+static int
+mem_flush (void *opaque)
+{
+  struct mem_io *m = opaque;
+
+  atomic_fetch_add (&m->flushes, 1);
+  allowed (m, "flush", 0, 0);
+  log_op (m, true, NULL, 0, 0);
+  return 0;
+}
+
+static int64_t
+mem_size (void *opaque)
+{
+  struct mem_io *m = opaque;
+
+  if (m->size_errno)
+    return -m->size_errno;
+  return (int64_t) m->size;
+}
+
+void
+mem_io_init (struct mem_io *m, const uint8_t *data, size_t len,
+             uint64_t size, unsigned flags)
+{
+  memset (m, 0, sizeof *m);
+  m->flags = flags;
+  m->size = size;
+  m->data = xcalloc (1, size);
+  if (data)
+    memcpy (m->data, data, len);
+  m->io.opaque = m;
+  m->io.pread = mem_pread;
+  m->io.size = mem_size;
+  if (flags & MEM_IO_WRITABLE) {
+    m->io.pwrite = mem_pwrite;
+    m->io.flush = mem_flush;
+  }
+  pthread_mutex_init (&m->lock, NULL);
+  if (flags & MEM_IO_RECORD) {
+    m->initial = xmalloc (size);
+    memcpy (m->initial, m->data, size);
+    m->durable = xmalloc (size);
+    memcpy (m->durable, m->data, size);
+  }
+}
+
+static void
+free_ops (struct mem_io *m)
+{
+  for (size_t i = 0; i < m->nops; ++i)
+    free (m->ops[i].data);
+  free (m->ops);
+  m->ops = NULL;
+  m->nops = m->ops_cap = m->durable_ops = 0;
+}
+
+void
+mem_io_free (struct mem_io *m)
+{
+  free_ops (m);
+  free (m->data);
+  free (m->initial);
+  free (m->durable);
+  pthread_mutex_destroy (&m->lock);
+  m->data = m->initial = m->durable = NULL;
+}
+
+void
+mem_io_log_reset (struct mem_io *m)
+{
+  pthread_mutex_lock (&m->lock);
+  free_ops (m);
+  if (m->initial) {
+    memcpy (m->initial, m->data, m->size);
+    memcpy (m->durable, m->data, m->size);
+  }
+  pthread_mutex_unlock (&m->lock);
+}
+
+uint8_t *
+mem_io_state_at (const struct mem_io *m, size_t nops)
+{
+  uint8_t *state = xmalloc (m->size);
+
+  memcpy (state, m->initial, m->size);
+  for (size_t i = 0; i < nops && i < m->nops; ++i)
+    if (!m->ops[i].flush)
+      memcpy (state + m->ops[i].offset, m->ops[i].data, m->ops[i].len);
+  return state;
+}
+
+unsigned long
+mem_io_violations (struct mem_io *m)
+{
+  return atomic_load (&m->outside) + atomic_load (&m->wrong_thread);
+}

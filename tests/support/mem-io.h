@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd unit tests: the engine's storage in memory.
+ *
+ * One struct qcow2_io over a memory buffer for every C test and fuzz
+ * target.  It checks the engine's side of the contract in qcow2-io.h:
+ * every read and write inside size(), reads and writes only from a thread
+ * that called into the engine (never a pool worker), and no pwrite or
+ * flush on read-only storage (they are NULL there, as the contract
+ * says).  It counts what the engine does, can be told to fail, and can
+ * record every write and flush in order: the log of a flush can then be
+ * checked against the order the write path promises, and the storage
+ * rebuilt as it was at any point (what a crash would leave).
+ */
+#ifndef QCOW2ZSTD_TEST_MEM_IO_H
+#define QCOW2ZSTD_TEST_MEM_IO_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qcow2-io.h"
+
+/* Set by a test around its calls into the engine, on the calling thread:
+ * the engine may use the storage only from such a thread.
+ */
+extern _Thread_local bool mem_io_engine_call;
+
+enum {
+  MEM_IO_WRITABLE = 1,          /* pwrite and flush, else NULL */
+  MEM_IO_RECORD = 2,            /* keep the log of writes and flushes */
+  MEM_IO_ABORT = 4,             /* abort () on a broken contract (fuzzers) */
+  MEM_IO_ANY_THREAD = 8,        /* do not check the calling thread */
+};
+
+/* One write or flush, in the order the engine made them. */
+struct mem_op {
+  bool flush;
+  uint64_t offset;
+  size_t len;
+  uint8_t *data;                /* a copy of what was written */
+};
+
+struct mem_io {
+  struct qcow2_io io;
+  unsigned flags;
+  uint8_t *data;                /* the storage (the io's own copy) */
+  uint64_t size;
+
+  /* Failures to inject: size () fails with size_errno; reads touching
+   * [fail_from, fail_to) with fail_errno; writes touching
+   * [write_fail_from, write_fail_to) with write_fail_errno.
+   */
+  int size_errno;
+  int fail_errno;
+  uint64_t fail_from, fail_to;
+  int write_fail_errno;
+  uint64_t write_fail_from, write_fail_to;
+
+  /* What the engine did. */
+  atomic_ulong preads, pwrites, flushes;
+  atomic_ulong largest;         /* largest pread so far */
+  atomic_ulong outside;         /* I/O beyond the storage: contract broken */
+  atomic_ulong wrong_thread;    /* I/O from a thread not in the engine */
+
+  /* MEM_IO_RECORD: the storage before the first write, the log, and
+   * the storage as of the last flush (what is durable).
+   */
+  pthread_mutex_t lock;
+  uint8_t *initial;
+  struct mem_op *ops;
+  size_t nops, ops_cap;
+  uint8_t *durable;
+  size_t durable_ops;           /* ops already applied to DURABLE */
+};
+
+/* Storage of SIZE bytes holding a copy of LEN bytes of DATA (LEN <=
+ * SIZE; the rest zeros; DATA may be NULL for all zeros).  FLAGS: the
+ * MEM_IO_* above.
+ */
+void mem_io_init (struct mem_io *m, const uint8_t *data, size_t len,
+                  uint64_t size, unsigned flags);
+void mem_io_free (struct mem_io *m);
+
+/* Forget the log so far (the storage becomes the new initial state). */
+void mem_io_log_reset (struct mem_io *m);
+
+/* A new buffer of m->size bytes: the initial storage with the first
+ * NOPS logged writes applied.  Free it with free ().
+ */
+uint8_t *mem_io_state_at (const struct mem_io *m, size_t nops);
+
+/* How many contract violations the engine made (outside, wrong thread). */
+unsigned long mem_io_violations (struct mem_io *m);
+
+#endif /* QCOW2ZSTD_TEST_MEM_IO_H */

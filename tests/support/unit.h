@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd unit tests: minimal assertion helpers.
+ *
+ * CHECK (cond) records one check and, when COND is false, prints
+ * file:line and the expression, then carries on so that one run shows
+ * every failure.  CHECK_EQ also prints both values.  The counters are
+ * atomic because some tests check from several threads at once, and
+ * shared with the helpers in tests/support, which check too.  main ends
+ * with "return unit_finish ();": 0 if every check passed, 1 if not
+ * (automake's convention; 77 means skipped, see UNIT_SKIP).
+ */
+#ifndef QCOW2ZSTD_UNIT_H
+#define QCOW2ZSTD_UNIT_H
+
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern atomic_ulong unit_checks;
+extern atomic_ulong unit_failures;
+
+#define CHECK(cond)                                                     \
+  do {                                                                  \
+    atomic_fetch_add (&unit_checks, 1);                                 \
+    if (!(cond)) {                                                      \
+      atomic_fetch_add (&unit_failures, 1);                             \
+      fprintf (stderr, "%s:%d: CHECK failed: %s\n",                     \
+               __FILE__, __LINE__, #cond);                              \
+    }                                                                   \
+  } while (0)
+
+/* Integer equality that shows both sides when it fails. */
+#define CHECK_EQ(actual, expected)                                      \
+  do {                                                                  \
+    intmax_t unit_actual_ = (intmax_t) (actual);                        \
+    intmax_t unit_expected_ = (intmax_t) (expected);                    \
+    atomic_fetch_add (&unit_checks, 1);                                 \
+    if (unit_actual_ != unit_expected_) {                               \
+      atomic_fetch_add (&unit_failures, 1);                             \
+      fprintf (stderr, "%s:%d: CHECK failed: %s == %s "                 \
+               "(%" PRIdMAX " != %" PRIdMAX ")\n",                      \
+               __FILE__, __LINE__, #actual, #expected,                  \
+               unit_actual_, unit_expected_);                           \
+    }                                                                   \
+  } while (0)
+
+/* Context printed on stderr so that a failure inside a loop says which
+ * iteration it was.  Only when something already failed: quiet runs stay
+ * quiet.
+ */
+#define UNIT_NOTE_IF_FAILED(before, ...)                                \
+  do {                                                                  \
+    if (atomic_load (&unit_failures) != (before)) {                     \
+      fprintf (stderr, "  (while: ");                                   \
+      fprintf (stderr, __VA_ARGS__);                                    \
+      fprintf (stderr, ")\n");                                          \
+    }                                                                   \
+  } while (0)
+
+/* Exit now with automake's "skipped" status, saying why. */
+#define UNIT_SKIP(...)                                                  \
+  do {                                                                  \
+    fprintf (stderr, "SKIP: ");                                         \
+    fprintf (stderr, __VA_ARGS__);                                      \
+    fprintf (stderr, "\n");                                             \
+    exit (77);                                                          \
+  } while (0)
+
+int unit_finish (void);
+
+#endif /* QCOW2ZSTD_UNIT_H */

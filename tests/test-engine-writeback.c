@@ -1,0 +1,513 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd unit test: the order of the metadata writeback, what a crash
+ * leaves, and reclaiming released clusters when the file is full.
+ *
+ * The storage records every write and flush, and each write is
+ * classified by what its cluster holds (classify_log):
+ * - a flush's writes come in the order the write path promises:
+ *   refcount increments, flush, refcount table, flush, header if the
+ *   table moved, flush, L2 tables, flush, L1, flush, decrements, flush;
+ * - at any moment, nothing is written that depends on an unflushed write
+ *   of what it depends on (an L2 table on data and refcounts, the L1
+ *   table on L2 tables, ...);
+ * - the storage as of every flush, plus any subset of the writes after
+ *   it, is consistent: no cluster referenced beyond its refcount.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qcow2.h"
+#include "session.h"
+#include "unit.h"
+#include "util.h"
+#include "write-image.h"
+
+static const char *const kind_names[] = {
+  [WRITE_DATA] = "D", [WRITE_HEADER] = "H", [WRITE_REFCOUNT_TABLE] = "T",
+  [WRITE_REFCOUNT_BLOCK] = "B", [WRITE_L1] = "L1", [WRITE_L2] = "L2",
+};
+
+/* What each write of the log changed (KIND[i] for op i; -1 for a flush).
+ *
+ * A cluster holds what the final storage says it holds, since the last
+ * time its refcount on disk dropped to 0: before that it held data that
+ * was released (metadata is never released, but for a refcount table
+ * that moved, which is not written after it moved).
+ */
+static int *
+classify_log (const struct mem_io *m)
+{
+  int *kind = xmalloc ((m->nops + 1) * sizeof *kind);
+  uint8_t *state = mem_io_state_at (m, m->nops);
+  struct image_report final, report;
+  size_t nflush = 0, f;
+  size_t *flush_at;
+  uint8_t **free_at;            /* per flush: a bit per cluster, refcount 0 */
+  uint64_t clusters;
+
+  check_image (state, m->size, false, &final);
+  free (state);
+  clusters = final.host_clusters;
+  flush_at = xmalloc ((m->nops + 1) * sizeof *flush_at);
+  free_at = xmalloc ((m->nops + 1) * sizeof *free_at);
+  for (size_t i = 0; i < m->nops; ++i) {
+    if (!m->ops[i].flush)
+      continue;
+    state = mem_io_state_at (m, i);
+    check_image (state, m->size, false, &report);
+    flush_at[nflush] = i;
+    free_at[nflush] = xcalloc (1, (clusters + 7) / 8);
+    for (uint64_t c = 0; c < clusters && c < report.host_clusters; ++c)
+      if (report.refcount[c] == 0)
+        free_at[nflush][c / 8] |= 1 << (c % 8);
+    nflush++;
+    image_report_free (&report);
+    free (state);
+  }
+
+  for (size_t i = 0; i < m->nops; ++i) {
+    uint64_t c = m->ops[i].offset / final.cluster_size;
+
+    kind[i] = -1;
+    if (m->ops[i].flush)
+      continue;
+    kind[i] = c < clusters && final.refs[c]
+      ? classify_write (&final, m->ops[i].offset, m->ops[i].len) : WRITE_DATA;
+    /* The last flush at which the count had dropped to 0. */
+    for (f = nflush; f-- > 1; )
+      if (c < clusters && (free_at[f][c / 8] & (1 << (c % 8))) &&
+          !(free_at[f - 1][c / 8] & (1 << (c % 8))))
+        break;
+    if (f != (size_t) -1 && f > 0 && flush_at[f] > i)
+      kind[i] = WRITE_DATA;
+  }
+  for (f = 0; f < nflush; ++f)
+    free (free_at[f]);
+  free (free_at);
+  free (flush_at);
+  image_report_free (&final);
+  return kind;
+}
+
+/* Ops [FROM, TO) as a sequence like "B F L2 F L1 F", repeats collapsed. */
+static void
+sequence (const struct mem_io *m, const int *kind, size_t from, size_t to,
+          char *out, size_t len)
+{
+  const char *last = NULL;
+
+  out[0] = '\0';
+  for (size_t i = from; i < to; ++i) {
+    const char *name = kind[i] < 0 ? "F" : kind_names[kind[i]];
+    if (last && strcmp (name, last) == 0 && kind[i] >= 0)
+      continue;
+    snprintf (out + strlen (out), len - strlen (out), "%s%s",
+              out[0] ? " " : "", name);
+    last = name;
+  }
+}
+
+/* No write of a kind before the kinds it depends on are flushed. */
+static void
+check_dependencies (const struct mem_io *m, const int *kind, const char *ctx)
+{
+  static const unsigned deps[] = {
+    [WRITE_DATA] = 0,
+    [WRITE_HEADER] = 1u << WRITE_REFCOUNT_TABLE,
+    [WRITE_REFCOUNT_TABLE] = 1u << WRITE_REFCOUNT_BLOCK,
+    [WRITE_REFCOUNT_BLOCK] = 1u << WRITE_L2 | 1u << WRITE_L1,
+    [WRITE_L2] = 1u << WRITE_DATA | 1u << WRITE_REFCOUNT_BLOCK |
+      1u << WRITE_REFCOUNT_TABLE | 1u << WRITE_HEADER,
+    [WRITE_L1] = 1u << WRITE_L2 | 1u << WRITE_DATA |
+      1u << WRITE_REFCOUNT_BLOCK | 1u << WRITE_REFCOUNT_TABLE |
+      1u << WRITE_HEADER,
+  };
+  unsigned unflushed = 0, bad = 0;
+
+  for (size_t i = 0; i < m->nops; ++i) {
+    if (kind[i] < 0) {
+      unflushed = 0;
+      continue;
+    }
+    if ((deps[kind[i]] & unflushed) && bad++ == 0) {
+      char seq[200];
+      sequence (m, kind, i >= 8 ? i - 8 : 0, i + 1, seq, sizeof seq);
+      fprintf (stderr, "  %s: op %zu (%s at 0x%" PRIx64 ") before a flush "
+               "of what it depends on: ... %s\n", ctx, i,
+               kind_names[kind[i]], m->ops[i].offset, seq);
+    }
+    unflushed |= 1u << kind[i];
+  }
+  CHECK_EQ (bad, 0);
+}
+
+/* The storage as of each flush, with every prefix and some random subsets
+ * of the writes after it, is consistent.
+ */
+static void
+check_crash_states (const struct mem_io *m, uint64_t seed, const char *ctx)
+{
+  unsigned failures = 0;
+
+  for (size_t f = 0; f <= m->nops && failures < 3; ++f) {
+    size_t next = f;
+    if (f > 0 && !m->ops[f - 1].flush)
+      continue;                         /* states start after a flush */
+    while (next < m->nops && !m->ops[next].flush)
+      next++;
+    for (unsigned trial = 0; trial < 4 && failures < 3; ++trial) {
+      uint8_t *state = mem_io_state_at (m, f);
+      char what[300];
+
+      /* trial 0: nothing after the flush; 1: all of it; else a subset. */
+      for (size_t i = f; i < next && trial > 0; ++i)
+        if (trial == 1 || rng (&seed) % 2)
+          memcpy (state + m->ops[i].offset, m->ops[i].data, m->ops[i].len);
+      snprintf (what, sizeof what, "%s: crash after op %zu (trial %u)",
+                ctx, f, trial);
+      if (!check_file (state, m->size, false, what))
+        failures++;
+      free (state);
+    }
+  }
+}
+
+/* ---------------------------------------------------------- the order */
+
+/* Flush S and expect the flush's writes to come as EXPECTED (repeats
+ * collapsed), and none of the log's before what it depends on.
+ */
+static void
+expect_flush (struct session *s, const char *expected, const char *what)
+{
+  size_t start = s->mio.nops;
+  int *kind;
+  char seq[200];
+
+  CHECK_EQ (do_flush (s), 0);
+  kind = classify_log (&s->mio);
+  sequence (&s->mio, kind, start, s->mio.nops, seq, sizeof seq);
+  CHECK (strcmp (seq, expected) == 0);
+  if (strcmp (seq, expected) != 0)
+    fprintf (stderr, "  %s: the flush wrote %s, expected %s\n", what, seq,
+             expected);
+  check_dependencies (&s->mio, kind, what);
+  free (kind);
+}
+
+/* A writeback with every step: new refcount blocks that need a bigger
+ * table (which then moves, so the header changes), new L2 tables and L1
+ * entries, and released clusters.
+ */
+static void
+test_order_all_steps (void)
+{
+  /* 512-byte clusters, 64-bit refcounts: the one table cluster covers
+   * 64 blocks of 64 clusters, 2 MiB.
+   */
+  const struct new_image spec = {
+    3, 9, 6, QCOW2_COMPRESSION_ZLIB, 3 * MiB, 4 * MiB, 1,
+  };
+  struct qcow2_options opts = default_options;
+  uint64_t len = 1900 * KiB;
+  uint8_t *buf = xmalloc (len);
+  struct session s;
+
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (buf);
+    return;
+  }
+  fill_pattern (buf, len, 1);
+  CHECK_EQ (do_write (&s, buf, len, 0, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+
+  /* A release, then data past what the table covers, in a new L2 table. */
+  CHECK_EQ (do_zero (&s, 512, 0, false, false), 0);
+  CHECK_EQ (do_write (&s, buf, 200 * KiB, 2560 * KiB, false), 0);
+  expect_flush (&s, "B F T F H F L2 F L1 F B F", "every step");
+  check_crash_states (&s.mio, 1, "every step");
+  check_file (s.mio.data, s.mio.size, true, "every step");
+  session_close (&s);
+  free (buf);
+}
+
+/* The usual writebacks: a new cluster in a new table; a release. */
+static void
+test_order_usual (void)
+{
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, 4 * MiB, 8 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t buf[4096];
+  struct session s;
+
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    return;
+  }
+  fill_pattern (buf, sizeof buf, 2);
+  CHECK_EQ (do_write (&s, buf, sizeof buf, 3 * MiB, false), 0);
+  expect_flush (&s, "B F L2 F L1 F", "a new cluster in a new L2 table");
+  CHECK_EQ (do_trim (&s, sizeof buf, 3 * MiB, false), 0);
+  expect_flush (&s, "F L2 F B F", "a released cluster");
+  check_file (s.mio.data, s.mio.size, true, "usual");
+  session_close (&s);
+}
+
+/* Random work, plain and compressed: every flush's order and every crash
+ * state, including the writebacks a write makes by itself when much has
+ * piled up.
+ */
+static void
+test_random_log (bool compress, uint64_t seed)
+{
+  const struct new_image spec = {
+    3, 10, compress ? 2 : 4, QCOW2_COMPRESSION_ZSTD, 2 * MiB, 8 * MiB, 0,
+  };
+  const uint64_t C = 1024;
+  struct qcow2_options opts = default_options;
+  unsigned long before = atomic_load (&unit_failures);
+  uint8_t *buf = xmalloc (16 * C);
+  struct session s;
+  int *kind;
+  char ctx[100];
+
+  snprintf (ctx, sizeof ctx, "random log, %scompressing, seed %" PRIu64,
+            compress ? "" : "not ", seed);
+  opts.compress = compress;
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (buf);
+    return;
+  }
+  for (unsigned i = 0; i < 120; ++i) {
+    uint64_t off = rng (&seed) % (2 * MiB / C) * C +
+      (rng (&seed) & 1 ? 100 : 0);
+    uint64_t len = 1 + rng (&seed) % (16 * C - 100);
+
+    if (off + len > 2 * MiB)
+      len = 2 * MiB - off;
+    switch (rng (&seed) % 6) {
+    case 0: case 1: case 2:
+      fill_pattern (buf, len, i % 5);
+      CHECK_EQ (do_write (&s, buf, len, off, rng (&seed) % 8 == 0), 0);
+      break;
+    case 3:
+      CHECK_EQ (do_zero (&s, len, off, false, false), 0);
+      break;
+    case 4:
+      CHECK_EQ (do_trim (&s, len, off, false), 0);
+      break;
+    case 5:
+      CHECK_EQ (do_flush (&s), 0);
+      break;
+    }
+  }
+  CHECK_EQ (do_flush (&s), 0);
+  kind = classify_log (&s.mio);
+  check_dependencies (&s.mio, kind, ctx);
+  check_crash_states (&s.mio, seed, ctx);
+  check_file (s.mio.data, s.mio.size, true, ctx);
+  free (kind);
+  session_close (&s);
+  free (buf);
+  UNIT_NOTE_IF_FAILED (before, "%s", ctx);
+}
+
+/* ------------------------------------------------------- durability */
+
+/* What was acknowledged with a flush or FUA is in the durable storage;
+ * what was not may be missing, but the storage is consistent.
+ */
+static void
+test_durability (void)
+{
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, MiB, 4 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t *model = xcalloc (1, MiB);
+  struct session s;
+  uint8_t *durable;
+
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (model);
+    return;
+  }
+  fill_pattern (model, 64 * KiB, 3);
+  CHECK_EQ (do_write (&s, model, 64 * KiB, 0, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  fill_pattern (model + 256 * KiB, 8 * KiB, 4);
+  CHECK_EQ (do_write (&s, model + 256 * KiB, 8 * KiB, 256 * KiB, true), 0);
+  CHECK_EQ (do_zero (&s, 4 * KiB, 0, false, true), 0);
+  memset (model, 0, 4 * KiB);
+  durable = xmalloc (s.mio.size);
+  memcpy (durable, s.mio.durable, s.mio.size);
+  CHECK (file_matches_model (durable, s.mio.size, model, MiB,
+                             "after a flush and FUA requests"));
+
+  /* Not acknowledged yet: the durable storage stays consistent and
+   * keeps all that was.
+   */
+  fill_pattern (model + 512 * KiB, 8 * KiB, 5);
+  CHECK_EQ (do_write (&s, model + 512 * KiB, 8 * KiB, 512 * KiB, false), 0);
+  check_file (s.mio.durable, s.mio.size, false, "unacknowledged write");
+  {
+    struct session d;
+    CHECK_EQ (session_open (&d, s.mio.durable, s.mio.size, &default_options),
+              0);
+    if (d.conn)
+      CHECK (matches_model (&d, model, 0, 512 * KiB, "unacknowledged write"));
+    session_close (&d);
+  }
+  CHECK_EQ (do_flush (&s), 0);
+  CHECK (file_matches_model (s.mio.durable, s.mio.size, model, MiB,
+                             "after the last flush"));
+  free (durable);
+  session_close (&s);
+  free (model);
+}
+
+/* ---------------------------------------------------------- reclaim */
+
+/* Flushes the storage saw during the call that ended at op END and began
+ * at op START: a write that reclaimed room wrote the metadata back.
+ */
+static unsigned
+flushes_between (const struct mem_io *m, size_t start, size_t end)
+{
+  unsigned n = 0;
+
+  for (size_t i = start; i < end; ++i)
+    n += m->ops[i].flush;
+  return n;
+}
+
+/* A full file whose zeroed clusters wait for a writeback: a write that
+ * needs room writes the metadata back to reuse them, goes on from the
+ * cluster where it stopped (the range begins with clusters written in
+ * place), and succeeds; with nothing left to reclaim, -ENOSPC.
+ */
+static void
+test_reclaim_plain (void)
+{
+  const uint64_t C = 4096;
+  /* The header, table, block, L1 table, one L2 table and 40 clusters. */
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, MiB, 45 * C, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t *model = xcalloc (1, MiB);
+  struct session s;
+  size_t start;
+  int *kind;
+
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (model);
+    return;
+  }
+  fill_pattern (model, 40 * C, 6);
+  CHECK_EQ (do_write (&s, model, 40 * C, 0, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  CHECK_EQ (do_write (&s, model, C, 200 * C, false), -ENOSPC);
+  CHECK (strstr (s.log.last, "no room in the image file") != NULL);
+
+  CHECK_EQ (do_zero (&s, 10 * C, 0, false, false), 0);
+  memset (model, 0, 10 * C);
+  fill_pattern (model + 35 * C, 15 * C, 7);
+  start = s.mio.nops;
+  CHECK_EQ (do_write (&s, model + 35 * C, 15 * C, 35 * C, false), 0);
+  CHECK (flushes_between (&s.mio, start, s.mio.nops) > 0);
+  CHECK (matches_model (&s, model, 0, MiB, "after the reclaim"));
+  CHECK_EQ (do_flush (&s), 0);
+  check_file (s.mio.data, s.mio.size, true, "after the reclaim");
+  kind = classify_log (&s.mio);
+  check_dependencies (&s.mio, kind, "reclaim");
+  check_crash_states (&s.mio, 2, "reclaim");
+  free (kind);
+
+  /* Full again, nothing released: no room. */
+  CHECK_EQ (do_write (&s, model, C, 250 * C, false), -ENOSPC);
+  CHECK (matches_model (&s, model, 0, MiB, "after ENOSPC"));
+  CHECK_EQ (do_flush (&s), 0);
+  check_file (s.mio.data, s.mio.size, true, "after ENOSPC");
+  session_close (&s);
+  free (model);
+}
+
+/* Compressed rewrites of a disk in a file with room for about two
+ * copies of it: each rewrite releases the last one, and the batches
+ * reclaim it as they go.
+ */
+static void
+test_reclaim_compressed (void)
+{
+  const uint64_t C = 4096;
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZSTD, 256 * C, 40 * C, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t *model = xcalloc (1, 256 * C);
+  struct session s;
+  unsigned reclaims = 0;
+
+  opts.compress = true;
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (model);
+    return;
+  }
+  for (unsigned round = 0; round < 6; ++round) {
+    size_t start = s.mio.nops;
+    char ctx[60];
+
+    for (uint64_t k = 0; k < 256; ++k)
+      fill_pattern (model + k * C, C, round * 1000 + k);
+    CHECK_EQ (do_write (&s, model, 256 * C, 0, false), 0);
+    reclaims += flushes_between (&s.mio, start, s.mio.nops) > 0;
+    snprintf (ctx, sizeof ctx, "compressed rewrite %u", round);
+    CHECK (matches_model (&s, model, 0, 256 * C, ctx));
+  }
+  CHECK (reclaims > 0);
+  CHECK_EQ (do_flush (&s), 0);
+  check_file (s.mio.data, s.mio.size, true, "compressed rewrites");
+  {
+    int *kind = classify_log (&s.mio);
+    check_dependencies (&s.mio, kind, "compressed rewrites");
+    free (kind);
+  }
+  CHECK_EQ (s.log.errors, 0);
+  session_close (&s);
+  free (model);
+}
+
+int
+main (void)
+{
+  test_order_all_steps ();
+  test_order_usual ();
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    test_random_log (false, seed * 104729);
+    test_random_log (true, seed * 1299709);
+  }
+  test_durability ();
+  test_reclaim_plain ();
+  test_reclaim_compressed ();
+  return unit_finish ();
+}
