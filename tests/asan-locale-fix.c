@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* asan-locale-fix.so, for the tests only: preloaded into nbdkit after
- * the ASan runtime (functions.sh, --enable-sanitizers builds), it makes
- * freelocale do nothing.
+ * the ASan runtime (functions.sh, --enable-sanitizers builds) or the
+ * TSan runtime (--enable-tsan), it makes freelocale do nothing.
  *
  * With libasan preloaded into nbdkit (which is not built with it),
  * glibc's setlocale lock already has a negative reader count when main
@@ -10,7 +10,8 @@
  * error message such as nbdkit's own "could not parse number: ...:
  * Numerical result out of range"), the freelocale in libp11-kit's
  * destructor waits for that lock forever and nbdkit never exits.  This
- * happens with nbdkit and its own filters alone.  Not freeing the
+ * happens with nbdkit and its own filters alone, and with libtsan
+ * preloaded in the same way.  Not freeing the
  * locale (at exit, with leak detection off) avoids the wait; a hang of
  * any other kind is still one.
  */

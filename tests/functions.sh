@@ -118,8 +118,10 @@ fi
 # the runtime preloaded, so that the filter's threads, locks and
 # accesses are watched (nbdkit's own code is not: it is not built with
 # it).  A report makes nbdkit exit 66 at its end (TSAN_OPTIONS from the
-# Makefile) and lands in $_REPORTS: either fails the test.
+# Makefile) and lands in $_REPORTS: either fails the test.  libtsan
+# preloaded leaves the same hang in exit as libasan: the locale fix too.
 if [ "${TSAN:-no}" = yes ]; then
+    [ ! -f "$ASAN_LOCALE_FIX" ] || _preload=${_preload:+$_preload:}$ASAN_LOCALE_FIX
     NBDKIT_ENV=(env
         "LD_PRELOAD=$(${CC:-gcc} -print-file-name=libtsan.so)${_preload:+:$_preload}"
         "TSAN_OPTIONS=${TSAN_OPTIONS:-} log_path=$_REPORTS/tsan")
