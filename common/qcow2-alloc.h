@@ -14,6 +14,14 @@
  * so that they interrupt the packing once per window instead of once per
  * cluster (each interruption leaves part of a host cluster unused).
  *
+ * A cluster whose refcount drops to 0 is not free at once: the
+ * allocator holds it back until qcow2_alloc_reuse_released, which the
+ * writeback calls once the drop is durable.  That is the one place where
+ * a released cluster becomes reusable: it is discarded in the storage
+ * there (qcow2-discard=unmap), before anything can be written into it
+ * again, and after nothing on disk, and no operation in progress, can
+ * still refer to it.
+ *
  * The allocator never writes metadata back.  When the file is full but
  * released clusters wait for a writeback, it answers QCOW2_RECLAIM: the
  * caller (the write entry) then runs qcow2_writeback, which applies the
@@ -21,10 +29,10 @@
  *
  * Offers: qcow2_alloc_clusters, qcow2_alloc_reference,
  * qcow2_pack_compressed, qcow2_free_later, qcow2_apply_frees,
- * qcow2_pending_frees.
+ * qcow2_pending_frees, qcow2_alloc_released, qcow2_alloc_reuse_released.
  * Locks: every call with the image lock held exclusively.
- * Needs: the refcounts, host I/O, the cluster cache (released compressed
- * clusters leave it).
+ * Needs: the refcounts, host I/O (and the storage's discard and
+ * truncate), the cluster cache (released compressed clusters leave it).
  */
 #ifndef QCOW2_ALLOC_H
 #define QCOW2_ALLOC_H
@@ -97,11 +105,24 @@ int qcow2_free_later (struct qcow2_image *img, uint64_t offset,
                       uint64_t length, uint64_t cache_key);
 
 /* Apply the queued releases to the refcounts in memory: only once the
- * metadata that stopped pointing at them is durable.
+ * metadata that stopped pointing at them is durable.  The clusters whose
+ * count drops to 0 stay held back from allocation.
  */
 int qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io);
 
 /* Releases queued and not applied yet. */
 size_t qcow2_pending_frees (const struct qcow2_image *img);
+
+/* Runs of released clusters held back from allocation. */
+size_t qcow2_alloc_released (const struct qcow2_image *img);
+
+/* The released clusters become reusable: call only once their refcount
+ * of 0 is durable (written back and flushed) and no operation can read
+ * them any more.  With qcow2-discard=unmap they are discarded first, and
+ * storage that grows is cut after its last cluster in use.  A failed
+ * discard or cut is only a debug message.  0, or -errno after logging
+ * (the size of growable storage unknown; the clusters stay held).
+ */
+int qcow2_alloc_reuse_released (struct qcow2_image *img, struct qcow2_io *io);
 
 #endif /* QCOW2_ALLOC_H */

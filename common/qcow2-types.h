@@ -65,6 +65,12 @@ struct refcounts {
   uint64_t max_refcount;
 };
 
+/* A run of host clusters. */
+struct cluster_run {
+  uint64_t first;
+  uint64_t count;
+};
+
 /* Where the next clusters come from, and what waits to be released
  * (written by qcow2-alloc.c).
  */
@@ -78,6 +84,14 @@ struct allocator {
   uint64_t window_next, window_end;
   struct pending_free *pending;
   size_t npending, pending_cap;
+  /* Clusters whose refcount dropped to 0 in memory, held back from
+   * allocation until qcow2_alloc_reuse_released has seen the drop
+   * durable and discarded them in the storage.  Sorted, apart from each
+   * other.
+   */
+  struct cluster_run *released;
+  size_t nreleased, released_cap;
+  bool discard_failed;        /* the storage refused a discard: stop */
 };
 
 struct qcow2_image {

@@ -20,6 +20,12 @@
 #include "qcow2-header.h"
 #include "qcow2-io.h"
 
+/* What becomes of host clusters nothing refers to any more (qcow2-discard). */
+enum qcow2_discard {
+  QCOW2_DISCARD_IGNORE,           /* kept by the storage, reused later */
+  QCOW2_DISCARD_UNMAP,            /* discarded in the storage (io.discard) */
+};
+
 struct qcow2_options {
   bool writable;                  /* open for writing */
   unsigned threads;               /* pool workers per connection; 0: none */
@@ -33,6 +39,7 @@ struct qcow2_options {
   const char *image_dir;          /* where relative backing names start */
   unsigned backing_depth;         /* 0; the engine counts the chain */
   bool growable;                  /* writes may extend the storage */
+  enum qcow2_discard discard;
   unsigned debug;                 /* QCOW2_DEBUG_* bits */
 };
 
