@@ -26,6 +26,16 @@ enum qcow2_discard {
   QCOW2_DISCARD_UNMAP,            /* discarded in the storage (io.discard) */
 };
 
+/* Whole clusters of zeros in a write (qcow2-detect-zeroes, as qemu's
+ * detect-zeroes).
+ */
+enum qcow2_detect_zeroes {
+  QCOW2_DETECT_ZEROES_OFF,        /* written as data */
+  QCOW2_DETECT_ZEROES_ON,         /* zero clusters that keep their host
+                                     cluster */
+  QCOW2_DETECT_ZEROES_UNMAP,      /* zero clusters; host cluster released */
+};
+
 struct qcow2_options {
   bool writable;                  /* open for writing */
   unsigned threads;               /* pool workers per connection; 0: none */
@@ -40,6 +50,7 @@ struct qcow2_options {
   unsigned backing_depth;         /* 0; the engine counts the chain */
   bool growable;                  /* writes may extend the storage */
   enum qcow2_discard discard;
+  enum qcow2_detect_zeroes detect_zeroes;
   unsigned debug;                 /* QCOW2_DEBUG_* bits */
 };
 

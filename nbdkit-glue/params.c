@@ -29,6 +29,7 @@ struct qcow2_options engine_options = {
    * that on is what gives the space back (see the man page).
    */
   .discard = QCOW2_DISCARD_UNMAP,
+  .detect_zeroes = QCOW2_DETECT_ZEROES_OFF,     /* qemu's default */
 };
 bool create_requested;
 struct qcow2_create_options create_options = {
@@ -215,6 +216,20 @@ params_config (const char *key, const char *value)
       engine_options.discard = QCOW2_DISCARD_IGNORE;
     else {
       nbdkit_error ("%s: unknown discard mode '%s' (unmap or ignore)",
+                    key, value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "qcow2-detect-zeroes") == 0) {
+    if (strcmp (value, "off") == 0)
+      engine_options.detect_zeroes = QCOW2_DETECT_ZEROES_OFF;
+    else if (strcmp (value, "on") == 0)
+      engine_options.detect_zeroes = QCOW2_DETECT_ZEROES_ON;
+    else if (strcmp (value, "unmap") == 0)
+      engine_options.detect_zeroes = QCOW2_DETECT_ZEROES_UNMAP;
+    else {
+      nbdkit_error ("%s: unknown detect-zeroes mode '%s' (off, on or unmap)",
                     key, value);
       return -1;
     }

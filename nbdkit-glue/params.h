@@ -48,6 +48,7 @@ int params_add_extent (void *extents, uint64_t offset, uint64_t length,
   "qcow2-compress=BOOL            Store whole-cluster writes compressed.\n" \
   "qcow2-compression-level=N      zlib 1-9 (default 5), zstd 1-22 (default 3).\n" \
   "qcow2-discard=unmap|ignore     Discard freed clusters below (default unmap).\n" \
+  "qcow2-detect-zeroes=off|on|unmap  Zero clusters for zeros written (default off).\n" \
   "qcow2-backing=PATH             The backing file (default: the image's own)."
 
 #endif /* QCOW2ZSTD_PARAMS_H */
