@@ -133,12 +133,17 @@ struct qcow2_image {
 
   /* The backing file (qcow2-backing.c), NULL when unallocated clusters
    * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros
-   * past its end).  A pointer, because a qcow2 backing file is read by
-   * the very read path that calls it.
+   * past its end).  Pointers, because a qcow2 backing file is read (and
+   * mapped) by the very path that calls them.
    */
   struct backing *backing;
   int (*read_backing) (struct qcow2_image *img, void *buf, uint64_t len,
                        uint64_t offset);
+  /* And what its chain reports for LEN bytes of its disk at OFFSET, as
+   * qcow2_extents reports it (all of the range; zeros past its end).
+   */
+  int (*backing_extents) (struct qcow2_image *img, uint64_t offset,
+                          uint64_t len, qcow2_extent_fn fn, void *opaque);
 
   /* The compressor threads, started by the first compressing write
    * (qcow2-compress.c).

@@ -6,7 +6,9 @@
  *   write-zeroes without unmap; unmap: it is released), parts of
  *   clusters are written as data, and off writes them all; a zero
  *   cluster that kept its host cluster is written in place again;
- * - trims and zeroes release zero clusters that kept their host cluster.
+ * - trims and zeroes release zero clusters that kept their host cluster;
+ * - the map of a huge sparse disk (256 TiB) is right, the unallocated L1
+ *   ranges each in one step.
  * Each step checks the image exactly (tests/support/write-image.c) and
  * reads it back against a model of the disk.
  */
@@ -146,6 +148,70 @@ test_detect_zeroes (enum qcow2_detect_zeroes mode, unsigned version)
   free (zeros);
 }
 
+/* ---------------------------------------------------------------- maps */
+
+struct ranges {
+  uint64_t next, data, zero;
+  unsigned calls;
+  bool bad;
+};
+
+static int
+count_range (void *opaque, uint64_t offset, uint64_t length, bool zero)
+{
+  struct ranges *r = opaque;
+
+  if (offset != r->next || length == 0)
+    r->bad = true;
+  r->next = offset + length;
+  r->calls++;
+  if (zero)
+    r->zero += length;
+  else
+    r->data += length;
+  return 0;
+}
+
+/* 256 TiB with 64 KiB clusters: 524,288 L1 entries, a few clusters
+ * written far apart.
+ */
+static void
+test_huge_sparse_map (void)
+{
+  const uint64_t C = 64 * KiB, vsize = UINT64_C (256) << 40;
+  const struct new_image spec = {
+    3, 16, 4, QCOW2_COMPRESSION_ZSTD, vsize, 8 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t *buf = xmalloc (C);
+  struct ranges r = { 0 };
+  struct session s;
+
+  CHECK_EQ (session_open_new (&s, &spec, 0, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (buf);
+    return;
+  }
+  fill_pattern (buf, C, 5);
+  for (uint64_t k = 0; k < 8; ++k)
+    CHECK_EQ (do_write (&s, buf, C, k * (UINT64_C (31) << 40) + 7 * C,
+                        false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  CHECK_EQ (do_extents (&s, 0, vsize, count_range, &r), 0);
+  CHECK (!r.bad);
+  CHECK_EQ (r.next, vsize);
+  CHECK_EQ (r.data, 8 * C);
+  CHECK_EQ (r.calls, 17);
+  /* A range inside one unallocated L1 entry, and one across many. */
+  r = (struct ranges) { .next = UINT64_C (100) << 40 };
+  CHECK_EQ (do_extents (&s, r.next, UINT64_C (1) << 40, count_range, &r), 0);
+  CHECK_EQ (r.calls, 1);
+  CHECK_EQ (r.zero, UINT64_C (1) << 40);
+  session_close (&s);
+  free (buf);
+}
+
 int
 main (void)
 {
@@ -153,5 +219,6 @@ main (void)
     test_detect_zeroes (mode, 3);
     test_detect_zeroes (mode, 2);
   }
+  test_huge_sparse_map ();
   return unit_finish ();
 }
