@@ -13,8 +13,8 @@
 #include "qcow2-refcount.h"
 #include "qcow2-tablemap.h"
 
-/* Clusters set apart at a time for plain data while packing. */
-#define WINDOW_CLUSTERS 32
+/* Room at the end of a packed host cluster too small to keep. */
+#define MIN_GAP_BYTES 512
 
 void
 qcow2_alloc_init (struct qcow2_image *img)
@@ -58,7 +58,6 @@ is_released (const struct allocator *a, uint64_t cluster)
   return false;
 }
 
-
 /* Clusters the allocator must never hand out even if their refcount says
  * they are free: the header, the L1 table, the refcount table, and every
  * refcount block and changed L2 table held in memory.  A valid image
@@ -85,49 +84,21 @@ holds_metadata (struct qcow2_image *img, uint64_t cluster)
     tablemap_find (&img->dirty_l2, off) != NULL;
 }
 
-/* The allocator keeps this cluster free for the packing: a plain cluster
- * or a table allocated there would cut the packing short and leave the
- * rest of the current host cluster unused (qemu does that; its images
- * come out slightly larger).  UINT64_MAX when nothing is being packed.
+/* The host cluster after the one compressed data is being packed into:
+ * packed data runs on into it if it is free.
  */
 static uint64_t
 pack_next_cluster (const struct qcow2_image *img)
 {
-  if (img->alloc.pack_cursor == 0)
-    return UINT64_MAX;
   return (((img->alloc.pack_cursor - 1) | (img->header.cluster_size - 1)) + 1)
     >> img->header.cluster_bits;
 }
 
-static bool
-in_window (const struct allocator *a, uint64_t cluster)
-{
-  return cluster >= a->window_next && cluster < a->window_end;
-}
-
-/* Allocations may have passed over the clusters set apart: make the
- * search look at them again.
- */
-static void
-release_window (struct allocator *a)
-{
-  if (a->window_next < a->window_end && a->window_next < a->free_hint)
-    a->free_hint = a->window_next;
-  a->window_next = a->window_end = 0;
-}
-
-/* Stop packing compressed data after the cursor; the host cluster kept
- * free for it goes back to the allocator.
- */
+/* Stop packing compressed data after the cursor. */
 static void
 pack_reset (struct qcow2_image *img)
 {
-  uint64_t reserved = pack_next_cluster (img);
-
-  if (reserved < img->alloc.free_hint)
-    img->alloc.free_hint = reserved;
   img->alloc.pack_cursor = 0;
-  release_window (&img->alloc);
 }
 
 /* First cluster index >= START that begins a run of COUNT free clusters
@@ -138,7 +109,6 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
            uint64_t count, uint64_t *found)
 {
   struct allocator *a = &img->alloc;
-  const uint64_t reserved = pack_next_cluster (img);
   uint64_t run_start = start, i = start;
   int r;
 
@@ -153,8 +123,7 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
     r = qcow2_refcount_get (img, io, i, &refcount);
     if (r < 0)
       return r;
-    if (refcount != 0 || i == reserved || in_window (a, i) ||
-        holds_metadata (img, i) || is_released (a, i))
+    if (refcount != 0 || holds_metadata (img, i) || is_released (a, i))
       run_start = i + 1;
     i++;
   }
@@ -321,8 +290,8 @@ alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t refcount;
   int r;
 
-  if (index >= a->host_clusters || in_window (a, index) ||
-      holds_metadata (img, index) || is_released (a, index))
+  if (index >= a->host_clusters || holds_metadata (img, index) ||
+      is_released (a, index))
     return -EBUSY;
   r = ensure_block (img, io, index, mode);
   if (r == 0)
@@ -335,44 +304,6 @@ alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
   return qcow2_refcount_add (img, io, index, 1, NULL);
 }
 
-/* One cluster from the window, setting a new one apart when it is used
- * up; -ENOSPC when there is no run of free clusters for a window.
- */
-static int
-alloc_from_window (struct qcow2_image *img, struct qcow2_io *io,
-                   unsigned mode, uint64_t *offset)
-{
-  struct allocator *a = &img->alloc;
-  bool fresh = false;
-  uint64_t first;
-  int r;
-
-  for (;;) {
-    while (a->window_next < a->window_end) {
-      uint64_t cluster = a->window_next++;
-      r = alloc_cluster_at (img, io, cluster, mode);
-      if (r == 0) {
-        *offset = cluster << img->header.cluster_bits;
-        return 0;
-      }
-      if (r == QCOW2_RECLAIM)
-        a->window_next--;       /* the retry takes it */
-      if (r != -EBUSY)
-        return r;
-    }
-    if (fresh)
-      return -ENOSPC;
-    r = find_free (img, io, a->free_hint, WINDOW_CLUSTERS, &first);
-    if (r < 0)
-      return r;
-    if (first == UINT64_MAX)
-      return -ENOSPC;
-    a->window_next = first;
-    a->window_end = first + WINDOW_CLUSTERS;
-    fresh = true;
-  }
-}
-
 int
 qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
                       uint64_t count, unsigned mode, uint64_t *offset)
@@ -381,26 +312,12 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t first, i;
   int r;
 
-  if (count == 1 && a->pack_cursor != 0 &&
-      !(mode & (QCOW2_ALLOC_PACK | QCOW2_ALLOC_NO_WINDOW))) {
-    r = alloc_from_window (img, io, mode | QCOW2_ALLOC_NO_WINDOW, offset);
-    if (r != -ENOSPC)
-      return r;
-  }
-
   for (;;) {
     bool still_free = true;
 
     r = find_free (img, io, a->free_hint, count, &first);
     if (r < 0)
       return r;
-    if (first == UINT64_MAX &&
-        (pack_next_cluster (img) != UINT64_MAX ||
-         a->window_next < a->window_end)) {
-      /* Out of room but for the clusters set apart: give them up. */
-      pack_reset (img);
-      continue;
-    }
     if (first == UINT64_MAX) {
       /* Released clusters wait for a metadata writeback before they may
        * be reused: out of room, the caller does that writeback now
@@ -452,6 +369,86 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
   return 0;
 }
 
+/* The packing moves on from CUR before the end of its host cluster:
+ * remember the room left there, in place of the smallest gap kept if
+ * the list is full.
+ */
+static void
+gap_remember (struct qcow2_image *img, uint64_t cur)
+{
+  struct allocator *a = &img->alloc;
+  uint64_t end = (cur | (img->header.cluster_size - 1)) + 1;
+  unsigned i, smallest = 0;
+
+  if ((cur & (img->header.cluster_size - 1)) == 0 ||
+      end - cur < MIN_GAP_BYTES)
+    return;
+  if (a->ngaps < QCOW2_PACK_GAPS) {
+    a->gaps[a->ngaps++] = (struct pack_gap) { cur, end - cur };
+    return;
+  }
+  for (i = 1; i < a->ngaps; ++i)
+    if (a->gaps[i].length < a->gaps[smallest].length)
+      smallest = i;
+  if (a->gaps[smallest].length < end - cur)
+    a->gaps[smallest] = (struct pack_gap) { cur, end - cur };
+}
+
+/* Forget the gaps in host cluster CLUSTER: it was released. */
+static void
+gaps_forget_cluster (struct allocator *a, unsigned bits, uint64_t cluster)
+{
+  unsigned i = 0;
+
+  while (i < a->ngaps)
+    if (a->gaps[i].offset >> bits == cluster)
+      a->gaps[i] = a->gaps[--a->ngaps];
+    else
+      i++;
+}
+
+/* Put LEN bytes into the smallest gap they fit, counting one more
+ * reference to its host cluster: *HOST is where, or 0 if no gap fits.
+ */
+static int
+gap_take (struct qcow2_image *img, struct qcow2_io *io, uint64_t len,
+          uint64_t *host)
+{
+  struct allocator *a = &img->alloc;
+  const unsigned bits = img->header.cluster_bits;
+  uint64_t refcount;
+  unsigned i, best;
+  int r;
+
+  *host = 0;
+  for (;;) {
+    best = a->ngaps;
+    for (i = 0; i < a->ngaps; ++i)
+      if (a->gaps[i].length >= len &&
+          (best == a->ngaps || a->gaps[i].length < a->gaps[best].length))
+        best = i;
+    if (best == a->ngaps)
+      return 0;
+    r = qcow2_refcount_get (img, io, a->gaps[best].offset >> bits,
+                            &refcount);
+    if (r < 0)
+      return r;
+    if (refcount > 0 && refcount < img->rc.max_refcount)
+      break;
+    /* Out of references (narrow refcounts): no use any more. */
+    a->gaps[best] = a->gaps[--a->ngaps];
+  }
+  r = qcow2_refcount_add (img, io, a->gaps[best].offset >> bits, 1, NULL);
+  if (r < 0)
+    return r;
+  *host = a->gaps[best].offset;
+  a->gaps[best].offset += len;
+  a->gaps[best].length -= len;
+  if (a->gaps[best].length < MIN_GAP_BYTES)
+    a->gaps[best] = a->gaps[--a->ngaps];
+  return 0;
+}
+
 int
 qcow2_pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
                        const uint8_t *data, uint64_t len, uint64_t *host)
@@ -462,6 +459,20 @@ qcow2_pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t fresh[2], c, first, last, offset;
   unsigned nfresh = 0, i;
   int r;
+
+  /* Room left behind earlier first: what fits there costs no new room. */
+  r = gap_take (img, io, len, &offset);
+  if (r < 0)
+    return r;
+  if (offset) {
+    r = qcow2_pwrite_logged (img, io, data, len, offset);
+    if (r < 0) {
+      qcow2_free_later (img, offset, len, 0);
+      return r;
+    }
+    *host = offset;
+    return 0;
+  }
 
   if (cur) {
     /* With narrow refcounts (refcount_bits 1 to 4) a host cluster can
@@ -484,8 +495,10 @@ qcow2_pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
     if (cur + len > next << bits) {
       /* No writeback here: it could release the cluster CUR is in. */
       r = alloc_cluster_at (img, io, next, QCOW2_ALLOC_NO_RECLAIM);
-      if (r == -EBUSY)
+      if (r == -EBUSY) {
+        gap_remember (img, cur);
         cur = 0;
+      }
       else if (r < 0)
         return r;
       else
@@ -493,7 +506,7 @@ qcow2_pack_compressed (struct qcow2_image *img, struct qcow2_io *io,
     }
   }
   if (cur == 0) {
-    r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_PACK, &offset);
+    r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &offset);
     if (r < 0)
       return r;
     cur = offset;
@@ -568,6 +581,7 @@ hold_released (struct qcow2_image *img, uint64_t cluster)
   struct cluster_run *last = a->nreleased ? &a->released[a->nreleased - 1]
     : NULL;
 
+  gaps_forget_cluster (a, img->header.cluster_bits, cluster);
   if (last && last->first + last->count == cluster) {
     last->count++;
     return;

@@ -8,11 +8,15 @@
  * crash can therefore leak clusters but never leave one referenced with
  * refcount 0.
  *
- * Compressed data is packed back to back, as qemu packs it, into host
- * clusters the allocator keeps free for it; while it is, single clusters
- * for plain data and tables come from a window of free clusters set apart,
- * so that they interrupt the packing once per window instead of once per
- * cluster (each interruption leaves part of a host cluster unused).
+ * Compressed data is packed back to back, as qemu packs it, running on
+ * into the next host cluster while that one is free.  Every cluster, for
+ * packed data, plain data or a table, is the first free one, so the file
+ * has no holes to leave behind.  When a plain cluster or a table has
+ * taken the next host cluster (the compressed path places a batch's
+ * compressed clusters first and its plain ones after, so that happens
+ * once per batch at most), the packing moves on and the rest of its host
+ * cluster becomes a gap: later compressed clusters that fit go into the
+ * gaps first.
  *
  * A cluster whose refcount drops to 0 is not free at once: the
  * allocator holds it back until qcow2_alloc_reuse_released, which the
@@ -53,16 +57,12 @@
  */
 enum {
   QCOW2_ALLOC_ANY = 0,
-  /* A host cluster to pack compressed data into: never from the window. */
-  QCOW2_ALLOC_PACK = 1,
-  /* Not from the window: the allocation is part of filling it. */
-  QCOW2_ALLOC_NO_WINDOW = 2,
   /* Fail with -ENOSPC rather than answer QCOW2_RECLAIM, when a writeback
    * may not run now: the refcount table in memory has outgrown its
    * clusters on disk, or a release could free the host cluster being
    * packed into.
    */
-  QCOW2_ALLOC_NO_RECLAIM = 4,
+  QCOW2_ALLOC_NO_RECLAIM = 1,
 };
 
 /* Set up the allocator of an image opened for writing (after

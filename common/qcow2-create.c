@@ -141,10 +141,13 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   /* Clear the refcount table and L1 table, make that durable, and only
    * then write the header that gives them meaning.  Clusters that read
    * as zeros already are left alone: on a sparse file, writing them
-   * would allocate space that holds nothing.  Storage that grows has
-   * to be written up to the end of the tables.
+   * would allocate space that holds nothing.  Storage that grows reads
+   * as zeros past its end: it only has to reach the end of the tables,
+   * which its last sector does, leaving a hole before it.
    */
   for (c = 1; c < meta_clusters; ++c) {
+    if (((c + 1) << bits) > (uint64_t) device_size && opts->growable)
+      break;
     if (((c + 1) << bits) <= (uint64_t) device_size) {
       r = io->pread (io->opaque, buf, cluster_size, c << bits);
       if (r < 0) {
@@ -160,6 +163,12 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
       goto write_failed;
   }
   memset (buf, 0, cluster_size);
+  if (opts->growable && (meta_clusters << bits) > (uint64_t) device_size) {
+    r = io->pwrite (io->opaque, buf, HEADER_WRITE_BYTES,
+                    (meta_clusters << bits) - HEADER_WRITE_BYTES);
+    if (r < 0)
+      goto write_failed;
+  }
   r = io->flush (io->opaque);
   if (r < 0)
     goto write_failed;

@@ -71,6 +71,16 @@ struct cluster_run {
   uint64_t count;
 };
 
+/* Room left in a host cluster that compressed data was packed into, when
+ * the packing had to move on before filling it.
+ */
+struct pack_gap {
+  uint64_t offset;
+  uint64_t length;
+};
+
+#define QCOW2_PACK_GAPS 64
+
 /* Where the next clusters come from, and what waits to be released
  * (written by qcow2-alloc.c).
  */
@@ -78,10 +88,9 @@ struct allocator {
   uint64_t host_clusters;     /* clusters that fit in the file */
   uint64_t free_hint;         /* no free cluster below this index */
   uint64_t pack_cursor;       /* next free byte for compressed data, or 0 */
-  /* While compressed data is being packed, single clusters for plain
-   * data and tables come from this window of free clusters set apart.
-   */
-  uint64_t window_next, window_end;
+  /* Gaps that later compressed clusters small enough fill. */
+  struct pack_gap gaps[QCOW2_PACK_GAPS];
+  unsigned ngaps;
   struct pending_free *pending;
   size_t npending, pending_cap;
   /* Clusters whose refcount dropped to 0 in memory, held back from

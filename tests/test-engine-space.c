@@ -7,6 +7,9 @@
  *   clusters are written as data, and off writes them all; a zero
  *   cluster that kept its host cluster is written in place again;
  * - trims and zeroes release zero clusters that kept their host cluster;
+ * - compressed data interrupted by plain clusters leaves gaps that later
+ *   compressed clusters fill: the packed data takes no more host clusters
+ *   than its bytes need, plus one;
  * - the map of a huge sparse disk (256 TiB) is right, the unallocated L1
  *   ranges each in one step.
  * Each step checks the image exactly (tests/support/write-image.c) and
@@ -148,6 +151,102 @@ test_detect_zeroes (enum qcow2_detect_zeroes mode, unsigned version)
   free (zeros);
 }
 
+/* ------------------------------------------------------------ packing */
+
+/* The bytes the compressed entries of S's flushed image name (their
+ * sector-rounded ranges) and the host clusters those ranges touch.
+ */
+static void
+compressed_usage (struct session *s, uint64_t *bytes, uint64_t *clusters)
+{
+  const uint8_t *f = s->mio.data;
+  const unsigned bits = get32 (f + 20);
+  const uint64_t C = UINT64_C (1) << bits;
+  const unsigned shift = 62 - (bits - 8);
+  uint32_t l1_size = get32 (f + 36);
+  uint64_t l1 = get64 (f + 40);
+  uint8_t *touched = xcalloc (1, s->mio.size / C + 1);
+
+  *bytes = *clusters = 0;
+  for (uint32_t i = 0; i < l1_size; ++i) {
+    uint64_t l2 = get64 (f + l1 + 8 * i) & OFFSET_MASK;
+    for (uint64_t j = 0; l2 && j < C / 8; ++j) {
+      uint64_t e = get64 (f + l2 + 8 * j);
+      if (!(e & (UINT64_C (1) << 62)))
+        continue;
+      uint64_t off = e & ((UINT64_C (1) << shift) - 1);
+      uint64_t sectors = ((e >> shift) & ((UINT64_C (1) << (bits - 8)) - 1))
+        + 1;
+      uint64_t start = off & ~UINT64_C (511), end = start + sectors * 512;
+      *bytes += sectors * 512 - (off & 511);
+      for (uint64_t c = start / C; c <= (end - 1) / C; ++c)
+        touched[c] = 1;
+    }
+  }
+  for (uint64_t c = 0; c <= s->mio.size / C; ++c)
+    *clusters += touched[c];
+  free (touched);
+}
+
+/* Data that does not compress, or compresses to between a twentieth
+ * and a half of the cluster.
+ */
+static void
+mixed_cluster (uint8_t *buf, uint64_t len, bool plain, uint64_t *state)
+{
+  uint64_t random_part = plain ? len : len / 20 + rng (state) % (len * 9 / 20);
+
+  fill_pattern (buf, len, rng (state) % 1000);
+  for (uint64_t i = 0; i < random_part; ++i)
+    buf[i] = rng (state) >> 56;
+}
+
+/* One write per cluster, compressible and not in turn: every plain one
+ * interrupts the packing.  The gaps it leaves are filled later.
+ */
+static void
+test_packing_gaps (unsigned cluster_bits)
+{
+  const uint64_t C = UINT64_C (1) << cluster_bits;
+  const uint64_t n = 96;
+  const struct new_image spec = {
+    3, cluster_bits, 4, QCOW2_COMPRESSION_ZSTD, n * C, (2 * n + 16) * C, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t *model = xcalloc (1, n * C);
+  uint64_t state = 77 + cluster_bits, bytes, used;
+  struct session s;
+  char ctx[80];
+
+  snprintf (ctx, sizeof ctx, "packing around plain clusters, %" PRIu64
+            "-byte clusters", C);
+  opts.compress = true;
+  CHECK_EQ (session_open_new (&s, &spec, 0, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (model);
+    return;
+  }
+  for (uint64_t k = 0; k < n; ++k) {
+    mixed_cluster (model + k * C, C, k % 3 == 1, &state);
+    CHECK_EQ (do_write (&s, model + k * C, C, k * C, false), 0);
+  }
+  CHECK (matches_model (&s, model, 0, n * C, ctx));
+  CHECK_EQ (do_flush (&s), 0);
+  check_file (s.mio.data, s.mio.size, true, ctx);
+  compressed_usage (&s, &bytes, &used);
+  CHECK (bytes > 0);
+  /* The ranges overlap by up to a sector each; the last host cluster
+   * may be partly used.
+   */
+  CHECK (used <= (bytes + C - 1) / C + 1);
+  if (used > (bytes + C - 1) / C + 1)
+    fprintf (stderr, "  %s: %" PRIu64 " bytes of compressed data touch %"
+             PRIu64 " host clusters\n", ctx, bytes, used);
+  session_close (&s);
+  free (model);
+}
+
 /* ---------------------------------------------------------------- maps */
 
 struct ranges {
@@ -219,6 +318,8 @@ main (void)
     test_detect_zeroes (mode, 3);
     test_detect_zeroes (mode, 2);
   }
+  test_packing_gaps (12);
+  test_packing_gaps (16);
   test_huge_sparse_map ();
   return unit_finish ();
 }
