@@ -72,9 +72,11 @@ dd if=/dev/zero of=expect.raw bs=1M seek=8 count=16 conv=notrunc status=none
 
 cp base.qcow2 ours.qcow2
 before=$(blocks ours.qcow2)
-start_server "$PWD/s1" file ours.qcow2
+start_server "$PWD/s1" -v -D qcow2zstd.map=1 file ours.qcow2
 nbd_do "$(nbd_uri "$PWD/s1")" "h.trim(16 << 20, 8 << 20)"
 stop_server
+grep -q "qcow2zstd: discarded 16777216 bytes of released clusters" "$PWD/s1.log" ||
+    fail "trim: no debug line for the discard"
 check_clean ours.qcow2 expect.raw "trim, filter"
 ours=$(blocks ours.qcow2)
 
@@ -148,9 +150,11 @@ read -r cs used free free_data size end < <(free_holes plug.qcow2)
 [ "$free_data" = 0 ] && [ "$free" -ge 128 ] ||
     fail "plugin: $free free clusters, $free_data with data"
 size_before=$(stat -c %s plug.qcow2)
-start_nbdkit "$PWD/s4" "$PLUGIN" plug.qcow2
+start_nbdkit "$PWD/s4" -v -D qcow2zstd.map=1 "$PLUGIN" plug.qcow2
 nbd_do "$(nbd_uri "$PWD/s4")" "h.trim(20 << 20, 12 << 20)"
 stop_server
+grep -q "qcow2zstd: the file is cut to [0-9]* bytes" "$PWD/s4.log" ||
+    fail "plugin: no debug line for the cut"
 cp data.raw expect.raw
 truncate -s 64M expect.raw
 dd if=/dev/zero of=expect.raw bs=1M seek=4 count=28 conv=notrunc status=none
