@@ -168,12 +168,14 @@ echo "plugin: holes for the clusters freed inside, the file cut from $size_befor
 # ------------------------------------------------- a plugin without trim
 # nbdkit's eval plugin without a trim script cannot trim: nothing is
 # sent to it, and all works as with qcow2-discard=ignore.
+# (The scripts' commands run without the sanitizers' preloaded runtime.)
 cp base.qcow2 eval.qcow2
 F=$PWD/eval.qcow2
+E="env -u LD_PRELOAD"
 start_server "$PWD/s5" eval \
-    get_size="stat -c %s $F" \
-    pread="dd if=$F skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none" \
-    pwrite="dd of=$F seek=\$4 oflag=seek_bytes conv=notrunc status=none" \
+    get_size="$E stat -c %s $F" \
+    pread="$E dd if=$F skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none" \
+    pwrite="$E dd of=$F seek=\$4 oflag=seek_bytes conv=notrunc status=none" \
     flush="sync $F" \
     can_write="exit 0" can_flush="exit 0"
 nbd_do "$(nbd_uri "$PWD/s5")" "h.trim(16 << 20, 8 << 20)"
