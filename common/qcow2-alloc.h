@@ -31,9 +31,9 @@
  * caller (the write entry) then runs qcow2_writeback, which applies the
  * releases, and tries again.
  *
- * Offers: qcow2_alloc_clusters, qcow2_alloc_reference,
- * qcow2_pack_compressed, qcow2_free_later, qcow2_apply_frees,
- * qcow2_pending_frees, qcow2_alloc_released, qcow2_alloc_reuse_released.
+ * Offers: qcow2_alloc_clusters, qcow2_pack_compressed, qcow2_free_later,
+ * qcow2_apply_frees, qcow2_pending_frees, qcow2_alloc_released,
+ * qcow2_alloc_reuse_released.
  * Locks: every call with the image lock held exclusively.
  * Needs: the refcounts, host I/O (and the storage's discard and
  * truncate), the cluster cache (released compressed clusters leave it).
@@ -79,13 +79,6 @@ void qcow2_alloc_free (struct qcow2_image *img);
  */
 int qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
                           uint64_t count, unsigned mode, uint64_t *offset);
-
-/* Count one more reference to host cluster CLUSTER, making its refcount
- * block if there is none (a new image counting its own metadata; it has
- * nothing to reclaim: -ENOSPC if the block finds no room).
- */
-int qcow2_alloc_reference (struct qcow2_image *img, struct qcow2_io *io,
-                           uint64_t cluster);
 
 /* Put LEN bytes of one cluster's compressed data (DATA) into the packing
  * area and write them: back to back with the previous cluster's, running

@@ -139,6 +139,11 @@ struct qcow2_image {
   uint8_t *wbuf;              /* one cluster */
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
+  /* The header's autoclear bits are still set on the disk: the first
+   * write to the image clears them (set by qcow2-image.c at open, cleared
+   * by qcow2_first_change in qcow2-hostio.c).
+   */
+  bool autoclear_on_disk;
 
   /* The backing file (qcow2-backing.c), NULL when unallocated clusters
    * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros

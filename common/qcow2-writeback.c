@@ -83,7 +83,10 @@ qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
   if (t == NULL)
     goto nomem;
   t->offset = offset;
-  t->dirty = true;
+  /* Written back only once an entry changes: a zero or trim of what
+   * reads as zeros already changes nothing on disk.
+   */
+  t->dirty = false;
   if (!qcow2_cache_get (img->l2_cache, offset, 0, t->data, h->cluster_size)) {
     r = qcow2_pread_clamped (img, io, t->data, h->cluster_size, offset);
     if (r < 0) {

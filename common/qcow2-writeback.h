@@ -34,8 +34,10 @@
 
 /* The L2 table for L1_INDEX, as a table that may be changed: made (and
  * hooked into the L1 table in memory) if the L1 entry is empty, else
- * loaded into the dirty set.  With CREATE false and no table, *OUT is
- * NULL.  The table stays valid until the next writeback.  0,
+ * loaded into the dirty set.  A loaded table is not dirty: the caller
+ * that changes an entry sets t->dirty, so that a table nothing changed
+ * is not written back.  With CREATE false and no table, *OUT is NULL.
+ * The table stays valid until the next writeback.  0,
  * QCOW2_RECLAIM (no room for a new table yet: see qcow2-alloc.h), or
  * -errno after logging.
  */

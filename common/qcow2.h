@@ -19,6 +19,7 @@
 
 #include "qcow2-header.h"
 #include "qcow2-io.h"
+#include "qcow2-lock.h"
 
 /* What becomes of host clusters nothing refers to any more (qcow2-discard). */
 enum qcow2_discard {
@@ -51,6 +52,7 @@ struct qcow2_options {
   bool growable;                  /* writes may extend the storage */
   enum qcow2_discard discard;
   enum qcow2_detect_zeroes detect_zeroes;
+  enum qcow2_lock_policy locking; /* for the backing files it opens */
   unsigned debug;                 /* QCOW2_DEBUG_* bits */
 };
 
