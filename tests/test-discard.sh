@@ -53,12 +53,18 @@ start_qemu ()
         2>"$sock.log" || { cat "$sock.log"; fail "qemu-nbd did not start"; }
     _pids+=("$(cat "$sock.pid")")
 }
+# stop_qemu SOCKET: SIGTERM, then wait for its exit (the image is read
+# next).  A daemon is not our child: its status is not ours to judge.
 stop_qemu ()
 {
-    local pid
+    local pid i
     pid=$(cat "$1.pid")
     kill "$pid" 2>/dev/null || true
-    _wait_gone "$pid" 100 || true
+    for (( i = 0; i < 10 * STOP_TIMEOUT; i++ )); do
+        _alive "$pid" || return 0
+        sleep 0.1
+    done
+    fail "qemu-nbd (pid $pid) did not exit within $STOP_TIMEOUT s of SIGTERM"
 }
 
 # ------------------------------------------------------------ trims
