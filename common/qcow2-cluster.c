@@ -128,13 +128,39 @@ write_cluster (struct qcow2_image *img, struct qcow2_io *io,
                                         map.host_offset + part_off);
   }
 
+  /* A zero cluster that kept its host cluster (qemu's "zero, allocated",
+   * or ours with qcow2-detect-zeroes=on) is written in place, as qemu
+   * does: the entry says zero until the writeback makes it normal, so a
+   * crash before that still reads zeros.
+   */
+  if (map.kind == CLUSTER_ZERO && map.host_offset && (entry & L2E_COPIED) &&
+      map.host_offset + cluster_size <= img->file_size) {
+    if (len == cluster_size && src)
+      r = run_add (img, io, run, src, map.host_offset, len);
+    else {
+      memset (img->wbuf, 0, cluster_size);
+      if (src)
+        memcpy (img->wbuf + part_off, src, len);
+      r = run_flush (img, io, run);
+      if (r == 0)
+        r = qcow2_pwrite_logged (img, io, img->wbuf, cluster_size,
+                                 map.host_offset);
+    }
+    if (r < 0)
+      return r;
+    put_be64 (t->data + index * 8, map.host_offset | L2E_COPIED);
+    t->dirty = true;
+    return 0;
+  }
+
   r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &new_offset);
   if (r < 0)
     return r;
   if (len == cluster_size && src)
     r = run_add (img, io, run, src, new_offset, len);
   else {
-    r = read_old_cluster (img, io, &map, guest_cluster << img->header.cluster_bits);
+    r = read_old_cluster (img, io, &map,
+                          guest_cluster << img->header.cluster_bits);
     if (r == 0) {
       if (src)
         memcpy (img->wbuf + part_off, src, len);
@@ -160,18 +186,32 @@ write_cluster (struct qcow2_image *img, struct qcow2_io *io,
  * (releasing what it held), unallocated on v2 without a backing file
  * (which reads as zeros), and is written with zeros on v2 with one.  Part
  * of a cluster is written with zeros when zeroing, left alone when
- * trimming.
+ * trimming.  With KEEP (whole clusters of zeros written with
+ * qcow2-detect-zeroes=on), a normal cluster the image alone owns becomes
+ * a zero cluster that keeps its host cluster, as qemu's write-zeroes
+ * without unmap makes it; on v2, which has no zero clusters, it is
+ * written.
  */
 static int
 zero_cluster (struct qcow2_image *img, struct qcow2_io *io,
               struct data_run *run, enum qcow2_op op, struct meta_table *t,
               uint64_t index, uint64_t gc, const struct cluster_map *map,
-              bool whole, uint64_t part_off, uint64_t len)
+              bool whole, bool keep, uint64_t part_off, uint64_t len)
 {
   bool v3 = img->header.version >= 3;
+  uint64_t entry = be64 (t->data + index * 8);
 
-  if (qcow2_reads_as_zeros (img, map))
+  if (map->kind == CLUSTER_UNALLOCATED && img->backing == NULL)
     return 0;
+  if (map->kind == CLUSTER_ZERO && (map->host_offset == 0 || keep))
+    return 0;
+  if (whole && keep && !v3)
+    return write_cluster (img, io, run, t, index, gc, NULL, part_off, len);
+  if (whole && keep && map->kind == CLUSTER_NORMAL && (entry & L2E_COPIED)) {
+    put_be64 (t->data + index * 8, map->host_offset | L2E_ZERO | L2E_COPIED);
+    t->dirty = true;
+    return 0;
+  }
   if (whole && (v3 || img->backing == NULL)) {
     put_be64 (t->data + index * 8, v3 ? L2E_ZERO : 0);
     t->dirty = true;
@@ -179,7 +219,15 @@ zero_cluster (struct qcow2_image *img, struct qcow2_io *io,
   }
   if (op == QCOW2_OP_TRIM)
     return 0;                   /* a trim is only a hint */
+  if (qcow2_reads_as_zeros (img, map))
+    return 0;
   return write_cluster (img, io, run, t, index, gc, NULL, part_off, len);
+}
+
+static bool
+all_zero (const uint8_t *p, size_t len)
+{
+  return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
 }
 
 int
@@ -208,7 +256,14 @@ qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
       whole = true;
     struct meta_table *t;
 
-    if (op == QCOW2_OP_WRITE) {
+    /* qcow2-detect-zeroes: a whole cluster of zeros written is zeroed
+     * instead (qemu checks the whole request; each cluster here).
+     */
+    bool zeros = op == QCOW2_OP_WRITE && whole &&
+      img->opts.detect_zeroes != QCOW2_DETECT_ZEROES_OFF &&
+      all_zero (buf + (pos - offset), hi - pos);
+
+    if (op == QCOW2_OP_WRITE && !zeros) {
       r = qcow2_l2_for_write (img, io, l1_index, true, &t);
       if (r == 0)
         r = write_cluster (img, io, &run, t, index, gc,
@@ -225,7 +280,10 @@ qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
 
         r = qcow2_classify (img, gc, entry, &map);
         if (r == 0)
-          r = zero_cluster (img, io, &run, op, t, index, gc, &map, whole,
+          r = zero_cluster (img, io, &run, zeros ? QCOW2_OP_ZERO : op, t,
+                            index, gc, &map, whole,
+                            zeros && img->opts.detect_zeroes
+                            == QCOW2_DETECT_ZEROES_ON,
                             pos - cstart, hi - pos);
       }
     }

@@ -192,6 +192,12 @@ qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
   bool l2_dirty = img->dirty_l2.count > 0;
   int r;
 
+  /* Clusters released by a writeback that failed part way: their
+   * decrements are written again in step 1, and flushed at the end.
+   */
+  if (qcow2_alloc_released (img))
+    flush_underneath = true;
+
   /* 1. Increments: refcount blocks, table, header. */
   r = qcow2_refcount_writeback (img, io);
   if (r < 0)
@@ -229,6 +235,12 @@ qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
 
   if (flush_underneath)
     r = qcow2_flush_logged (img, io);
+
+  /* 4. The clusters whose refcount the decrements brought to 0 are free
+   * on disk now: discard them, then they may be handed out again.
+   */
+  if (r == 0 && qcow2_alloc_released (img))
+    r = qcow2_alloc_reuse_released (img, io);
   return r;
 }
 

@@ -11,15 +11,18 @@
  *   refcount blocks (increments) -> flush -> refcount table -> flush ->
  *   header if the table moved -> flush -> L2 tables -> flush -> L1 ->
  *   flush -> decrements of what was released -> refcount blocks -> flush
+ *   -> discards of the clusters now free (qcow2_alloc_reuse_released)
  *
- * A crash anywhere leaks clusters at worst.
+ * A crash anywhere leaks clusters at worst, and no discarded byte is
+ * referred to by anything on disk.
  *
  * Offers: qcow2_l2_for_write (the dirty set), qcow2_writeback,
  * qcow2_too_much_dirty, and qcow2_flush (declared in qcow2.h).
  * Locks: all but qcow2_flush with the image lock held exclusively;
  * qcow2_flush takes it.
  * Needs: the refcounts (their writeback, the queued releases), the
- * allocator (a new L2 table), host I/O, the L2 cache.
+ * allocator (a new L2 table, the released clusters to discard), host
+ * I/O, the L2 cache.
  */
 #ifndef QCOW2_WRITEBACK_H
 #define QCOW2_WRITEBACK_H

@@ -52,6 +52,7 @@ l2-not-written      | write_l2             | any    | start:return 0;           
 fua-ignored         | qcow2_write          | any    | start:fua = false;                            | test-stacks test-crash test-plugin-durability
 fua-ignored         | qcow2_zero           | any    | start:fua = false;                            |
 fua-ignored         | qcow2_trim           | any    | start:fua = false;                            |
+discard-too-early   | qcow2_writeback      | any    | before-last:^\s*/\* 2\. L2 tables:if (qcow2_pending_frees (img) && qcow2_apply_frees (img, io) == 0) (void) qcow2_alloc_reuse_released (img, io); | test-power-loss
 EOF
 )
 
