@@ -14,8 +14,8 @@
 #include "qcow2-refcount.h"
 #include "qcow2-tablemap.h"
 
-/* Clusters set apart at a time for plain data while packing. */
-#define WINDOW_CLUSTERS 32
+/* Room at the end of a packed host cluster too small to keep. */
+#define MIN_GAP_BYTES 512
 
 void
 qcow2_alloc_init (struct qcow2_image *img)
@@ -35,7 +35,28 @@ void
 qcow2_alloc_free (struct qcow2_image *img)
 {
   free (img->alloc.pending);
+  free (img->alloc.released);
   memset (&img->alloc, 0, sizeof img->alloc);
+}
+
+/* Is CLUSTER held back until its release is durable and discarded? */
+static bool
+is_released (const struct allocator *a, uint64_t cluster)
+{
+  size_t lo = 0, hi = a->nreleased;
+
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    const struct cluster_run *run = &a->released[mid];
+
+    if (cluster < run->first)
+      hi = mid;
+    else if (cluster >= run->first + run->count)
+      lo = mid + 1;
+    else
+      return true;
+  }
+  return false;
 }
 
 /* Clusters the allocator must never hand out even if their refcount says
@@ -64,49 +85,21 @@ holds_metadata (struct qcow2_image *img, uint64_t cluster)
     tablemap_find (&img->dirty_l2, off) != NULL;
 }
 
-/* The allocator keeps this cluster free for the packing: a plain cluster
- * or a table allocated there would cut the packing short and leave the
- * rest of the current host cluster unused (qemu does that; its images
- * come out slightly larger).  UINT64_MAX when nothing is being packed.
+/* The host cluster after the one compressed data is being packed into:
+ * packed data runs on into it if it is free.
  */
 static uint64_t
 pack_next_cluster (const struct qcow2_image *img)
 {
-  if (img->alloc.pack_cursor == 0)
-    return UINT64_MAX;
   return (((img->alloc.pack_cursor - 1) | (img->header.cluster_size - 1)) + 1)
     >> img->header.cluster_bits;
 }
 
-static bool
-in_window (const struct allocator *a, uint64_t cluster)
-{
-  return cluster >= a->window_next && cluster < a->window_end;
-}
-
-/* Allocations may have passed over the clusters set apart: make the
- * search look at them again.
- */
-static void
-release_window (struct allocator *a)
-{
-  if (a->window_next < a->window_end && a->window_next < a->free_hint)
-    a->free_hint = a->window_next;
-  a->window_next = a->window_end = 0;
-}
-
-/* Stop packing compressed data after the cursor; the host cluster kept
- * free for it goes back to the allocator.
- */
+/* Stop packing compressed data after the cursor. */
 static void
 pack_reset (struct qcow2_image *img)
 {
-  uint64_t reserved = pack_next_cluster (img);
-
-  if (reserved < img->alloc.free_hint)
-    img->alloc.free_hint = reserved;
   img->alloc.pack_cursor = 0;
-  release_window (&img->alloc);
 }
 
 /* First cluster index >= START that begins a run of COUNT free clusters
@@ -117,7 +110,6 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
            uint64_t count, uint64_t *found)
 {
   struct allocator *a = &img->alloc;
-  const uint64_t reserved = pack_next_cluster (img);
   uint64_t run_start = start, i = start;
   int r;
 
@@ -132,8 +124,7 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
     r = qcow2_refcount_get (img, io, i, &refcount);
     if (r < 0)
       return r;
-    if (refcount != 0 || i == reserved || in_window (a, i) ||
-        holds_metadata (img, i))
+    if (refcount != 0 || holds_metadata (img, i) || is_released (a, i))
       run_start = i + 1;
     i++;
   }
@@ -291,8 +282,8 @@ alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t refcount;
   int r;
 
-  if (index >= a->host_clusters || in_window (a, index) ||
-      holds_metadata (img, index))
+  if (index >= a->host_clusters || holds_metadata (img, index) ||
+      is_released (a, index))
     return -EBUSY;
   r = ensure_block (img, io, index, mode);
   if (r == 0)
@@ -305,44 +296,6 @@ alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
   return qcow2_refcount_add (img, io, index, 1, NULL);
 }
 
-/* One cluster from the window, setting a new one apart when it is used
- * up; -ENOSPC when there is no run of free clusters for a window.
- */
-static int
-alloc_from_window (struct qcow2_image *img, struct qcow2_io *io,
-                   unsigned mode, uint64_t *offset)
-{
-  struct allocator *a = &img->alloc;
-  bool fresh = false;
-  uint64_t first;
-  int r;
-
-  for (;;) {
-    while (a->window_next < a->window_end) {
-      uint64_t cluster = a->window_next++;
-      r = alloc_cluster_at (img, io, cluster, mode);
-      if (r == 0) {
-        *offset = cluster << img->header.cluster_bits;
-        return 0;
-      }
-      if (r == QCOW2_RECLAIM)
-        a->window_next--;       /* the retry takes it */
-      if (r != -EBUSY)
-        return r;
-    }
-    if (fresh)
-      return -ENOSPC;
-    r = find_free (img, io, a->free_hint, WINDOW_CLUSTERS, &first);
-    if (r < 0)
-      return r;
-    if (first == UINT64_MAX)
-      return -ENOSPC;
-    a->window_next = first;
-    a->window_end = first + WINDOW_CLUSTERS;
-    fresh = true;
-  }
-}
-
 int
 qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
                       uint64_t count, unsigned mode, uint64_t *offset)
@@ -351,32 +304,22 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t first, i;
   int r;
 
-  if (count == 1 && a->pack_cursor != 0 &&
-      !(mode & (QCOW2_ALLOC_PACK | QCOW2_ALLOC_NO_WINDOW))) {
-    r = alloc_from_window (img, io, mode | QCOW2_ALLOC_NO_WINDOW, offset);
-    if (r != -ENOSPC)
-      return r;
-  }
-
   for (;;) {
     bool still_free = true;
 
     r = find_free (img, io, a->free_hint, count, &first);
     if (r < 0)
       return r;
-    if (first == UINT64_MAX &&
-        (pack_next_cluster (img) != UINT64_MAX ||
-         a->window_next < a->window_end)) {
-      /* Out of room but for the clusters set apart: give them up. */
-      pack_reset (img);
-      continue;
-    }
     if (first == UINT64_MAX) {
       /* Released clusters wait for a metadata writeback before they may
        * be reused: out of room, the caller does that writeback now
-       * rather than fail.
+       * rather than fail.  So do clusters held back after their release
+       * was applied: a writeback running meanwhile (it lets the image
+       * lock go between applying the releases and discarding what they
+       * freed) or one that failed makes them reusable.
        */
-      if (qcow2_pending_frees (img) == 0 || (mode & QCOW2_ALLOC_NO_RECLAIM))
+      if ((qcow2_pending_frees (img) == 0 && a->nreleased == 0) ||
+          (mode & QCOW2_ALLOC_NO_RECLAIM))
         return no_room (img, count);
       return QCOW2_RECLAIM;
     }
@@ -422,6 +365,86 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
   return 0;
 }
 
+/* The packing moves on from CUR before the end of its host cluster:
+ * remember the room left there, in place of the smallest gap kept if
+ * the list is full.
+ */
+static void
+gap_remember (struct qcow2_image *img, uint64_t cur)
+{
+  struct allocator *a = &img->alloc;
+  uint64_t end = (cur | (img->header.cluster_size - 1)) + 1;
+  unsigned i, smallest = 0;
+
+  if ((cur & (img->header.cluster_size - 1)) == 0 ||
+      end - cur < MIN_GAP_BYTES)
+    return;
+  if (a->ngaps < QCOW2_PACK_GAPS) {
+    a->gaps[a->ngaps++] = (struct pack_gap) { cur, end - cur };
+    return;
+  }
+  for (i = 1; i < a->ngaps; ++i)
+    if (a->gaps[i].length < a->gaps[smallest].length)
+      smallest = i;
+  if (a->gaps[smallest].length < end - cur)
+    a->gaps[smallest] = (struct pack_gap) { cur, end - cur };
+}
+
+/* Forget the gaps in host cluster CLUSTER: it was released. */
+static void
+gaps_forget_cluster (struct allocator *a, unsigned bits, uint64_t cluster)
+{
+  unsigned i = 0;
+
+  while (i < a->ngaps)
+    if (a->gaps[i].offset >> bits == cluster)
+      a->gaps[i] = a->gaps[--a->ngaps];
+    else
+      i++;
+}
+
+/* Put LEN bytes into the smallest gap they fit, counting one more
+ * reference to its host cluster: *HOST is where, or 0 if no gap fits.
+ */
+static int
+gap_take (struct qcow2_image *img, struct qcow2_io *io, uint64_t len,
+          uint64_t *host)
+{
+  struct allocator *a = &img->alloc;
+  const unsigned bits = img->header.cluster_bits;
+  uint64_t refcount;
+  unsigned i, best;
+  int r;
+
+  *host = 0;
+  for (;;) {
+    best = a->ngaps;
+    for (i = 0; i < a->ngaps; ++i)
+      if (a->gaps[i].length >= len &&
+          (best == a->ngaps || a->gaps[i].length < a->gaps[best].length))
+        best = i;
+    if (best == a->ngaps)
+      return 0;
+    r = qcow2_refcount_get (img, io, a->gaps[best].offset >> bits,
+                            &refcount);
+    if (r < 0)
+      return r;
+    if (refcount > 0 && refcount < img->rc.max_refcount)
+      break;
+    /* Out of references (narrow refcounts): no use any more. */
+    a->gaps[best] = a->gaps[--a->ngaps];
+  }
+  r = qcow2_refcount_add (img, io, a->gaps[best].offset >> bits, 1, NULL);
+  if (r < 0)
+    return r;
+  *host = a->gaps[best].offset;
+  a->gaps[best].offset += len;
+  a->gaps[best].length -= len;
+  if (a->gaps[best].length < MIN_GAP_BYTES)
+    a->gaps[best] = a->gaps[--a->ngaps];
+  return 0;
+}
+
 int
 qcow2_pack_reserve (struct qcow2_image *img, struct qcow2_io *io,
                     uint64_t len, uint64_t *host)
@@ -432,6 +455,15 @@ qcow2_pack_reserve (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t fresh[2], c, first, last, offset;
   unsigned nfresh = 0, i;
   int r;
+
+  /* Room left behind earlier first: what fits there costs no new room. */
+  r = gap_take (img, io, len, &offset);
+  if (r < 0)
+    return r;
+  if (offset) {
+    *host = offset;
+    return 0;
+  }
 
   if (cur) {
     /* With narrow refcounts (refcount_bits 1 to 4) a host cluster can
@@ -454,8 +486,10 @@ qcow2_pack_reserve (struct qcow2_image *img, struct qcow2_io *io,
     if (cur + len > next << bits) {
       /* No writeback here: it could release the cluster CUR is in. */
       r = alloc_cluster_at (img, io, next, QCOW2_ALLOC_NO_RECLAIM);
-      if (r == -EBUSY)
+      if (r == -EBUSY) {
+        gap_remember (img, cur);
         cur = 0;
+      }
       else if (r < 0)
         return r;
       else
@@ -463,7 +497,7 @@ qcow2_pack_reserve (struct qcow2_image *img, struct qcow2_io *io,
     }
   }
   if (cur == 0) {
-    r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_PACK, &offset);
+    r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &offset);
     if (r < 0)
       return r;
     cur = offset;
@@ -577,6 +611,66 @@ qcow2_return_frees (struct qcow2_image *img, struct pending_list *list)
   list->count = 0;
 }
 
+/* Hold CLUSTER, whose refcount just dropped to 0, back from allocation
+ * until qcow2_alloc_reuse_released.  Without memory for that, it is
+ * free at once and never discarded, which is safe.
+ */
+static void
+hold_released (struct qcow2_image *img, uint64_t cluster)
+{
+  struct allocator *a = &img->alloc;
+  struct cluster_run *last = a->nreleased ? &a->released[a->nreleased - 1]
+    : NULL;
+
+  gaps_forget_cluster (a, img->header.cluster_bits, cluster);
+  if (last && last->first + last->count == cluster) {
+    last->count++;
+    return;
+  }
+  if (a->nreleased == a->released_cap) {
+    size_t cap = a->released_cap ? a->released_cap * 2 : 64;
+    struct cluster_run *p = realloc (a->released, cap * sizeof *p);
+    if (p == NULL) {
+      if (cluster < a->free_hint)
+        a->free_hint = cluster;
+      return;
+    }
+    a->released = p;
+    a->released_cap = cap;
+  }
+  a->released[a->nreleased++] = (struct cluster_run) { cluster, 1 };
+}
+
+static int
+run_cmp (const void *x, const void *y)
+{
+  const struct cluster_run *a = x, *b = y;
+
+  return a->first < b->first ? -1 : a->first > b->first;
+}
+
+/* Sort the held runs and join those that touch, for is_released. */
+static void
+sort_released (struct allocator *a)
+{
+  size_t i, n = 0;
+
+  if (a->nreleased < 2)
+    return;
+  qsort (a->released, a->nreleased, sizeof *a->released, run_cmp);
+  for (i = 1; i < a->nreleased; ++i) {
+    struct cluster_run *prev = &a->released[n];
+    if (a->released[i].first <= prev->first + prev->count) {
+      uint64_t end = a->released[i].first + a->released[i].count;
+      if (end > prev->first + prev->count)
+        prev->count = end - prev->first;
+    }
+    else
+      a->released[++n] = a->released[i];
+  }
+  a->nreleased = n + 1;
+}
+
 int
 qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io,
                    struct pending_list *list)
@@ -590,26 +684,28 @@ qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io,
     atomic_fetch_add (&img->free_generation, 1);
   for (i = 0; i < list->count && r == 0; ++i) {
     struct pending_free *p = &list->frees[i];
-    uint64_t c, now;
+    uint64_t c, now, last;
 
     if (p->cache_key)
       qcow2_cache_drop (img->cluster_cache, p->cache_key);
-    uint64_t last = (p->offset + p->length - 1) >> bits;
+    last = (p->offset + p->length - 1) >> bits;
 
     for (c = p->offset >> bits; c <= last; ++c) {
       r = qcow2_refcount_add (img, io, c, -1, &now);
       if (r < 0) {
-        /* Keep what is left for a later try: this one from the
-         * cluster that failed on.
+        /* Keep what is left for a later try: from this cluster on (its
+         * cached copy, if any, is gone already).
          */
         p->length = p->offset + p->length - (c << bits);
         p->offset = c << bits;
+        p->cache_key = 0;
         break;
       }
-      if (now == 0 && c < a->free_hint)
-        a->free_hint = c;
+      if (now == 0)
+        hold_released (img, c);
     }
   }
+  sort_released (a);
   if (r < 0) {
     i--;
     memmove (list->frees, list->frees + i,
@@ -636,5 +732,124 @@ qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io,
     if (refcount == 0)
       pack_reset (img);
   }
+  return 0;
+}
+
+size_t
+qcow2_alloc_released (const struct qcow2_image *img)
+{
+  return img->alloc.nreleased;
+}
+
+/* Tell the storage that run R holds nothing; add its bytes to
+ * *DISCARDED.  Only advice: a failure is a debug message, and
+ * -EOPNOTSUPP stops the discards for good.
+ */
+static void
+discard_run (struct qcow2_image *img, struct qcow2_io *io,
+             const struct cluster_run *run, uint64_t storage_end,
+             uint64_t *discarded)
+{
+  const unsigned bits = img->header.cluster_bits;
+  uint64_t offset = run->first << bits;
+  uint64_t len = run->count << bits;
+  int r;
+
+  if (offset >= storage_end || img->alloc.discard_failed)
+    return;
+  if (len > storage_end - offset)
+    len = storage_end - offset;
+  r = io->discard (io->opaque, len, offset);
+  if (r == 0) {
+    *discarded += len;
+    return;
+  }
+  if (r == -EOPNOTSUPP)
+    img->alloc.discard_failed = true;
+  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "discard of %" PRIu64 " bytes at "
+                  "host offset 0x%" PRIx64 " failed: %s%s", len, offset,
+                  strerror (-r),
+                  r == -EOPNOTSUPP ? "; no more discards are sent" : "");
+}
+
+/* Storage that grows: cut it after the last cluster in use, when the
+ * released runs reach its end.  *STORAGE_END becomes its new size.
+ */
+static int
+cut_free_tail (struct qcow2_image *img, struct qcow2_io *io,
+               uint64_t *storage_end)
+{
+  struct allocator *a = &img->alloc;
+  const unsigned bits = img->header.cluster_bits;
+  const struct cluster_run *last = &a->released[a->nreleased - 1];
+  uint64_t end = (img->file_size + img->header.cluster_size - 1) >> bits;
+  uint64_t c = end, refcount;
+  int r;
+
+  if (last->first + last->count < end)
+    return 0;
+  while (c > 1) {
+    r = qcow2_refcount_get (img, io, c - 1, &refcount);
+    if (r < 0)
+      return r;
+    if (refcount != 0 || holds_metadata (img, c - 1))
+      break;
+    c--;
+  }
+  if ((c << bits) >= *storage_end)
+    return 0;
+  r = io->truncate (io->opaque, c << bits);
+  if (r < 0) {
+    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "cutting the file to %" PRIu64
+                    " bytes failed: %s", c << bits, strerror (-r));
+    return 0;
+  }
+  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "the file is cut to %" PRIu64
+                  " bytes: its last %" PRIu64 " clusters were free",
+                  c << bits, end - c);
+  *storage_end = c << bits;
+  if (img->file_size > *storage_end)
+    img->file_size = *storage_end;
+  return 0;
+}
+
+int
+qcow2_alloc_reuse_released (struct qcow2_image *img, struct qcow2_io *io)
+{
+  struct allocator *a = &img->alloc;
+  uint64_t storage_end = img->file_size, discarded = 0;
+  size_t i;
+  int r;
+
+  if (a->nreleased == 0)
+    return 0;
+  if (img->opts.discard == QCOW2_DISCARD_UNMAP) {
+    if (img->opts.growable) {
+      int64_t size = io->size (io->opaque);
+      if (size < 0) {
+        qcow2_error (img, "cannot get the size of the image: %s",
+                     strerror ((int) -size));
+        return (int) size;
+      }
+      if ((uint64_t) size < storage_end)
+        storage_end = size;
+      if (io->truncate) {
+        r = cut_free_tail (img, io, &storage_end);
+        if (r < 0)
+          return r;
+      }
+    }
+    if (io->discard)
+      for (i = 0; i < a->nreleased; ++i)
+        discard_run (img, io, &a->released[i], storage_end, &discarded);
+    if (discarded)
+      qcow2_debug_if (img, QCOW2_DEBUG_MAP, "discarded %" PRIu64 " bytes "
+                      "of released clusters in %zu ranges", discarded,
+                      a->nreleased);
+  }
+  for (i = 0; i < a->nreleased; ++i)
+    if (a->released[i].first < a->free_hint)
+      a->free_hint = a->released[i].first;
+  a->nreleased = 0;
   return 0;
 }

@@ -99,6 +99,62 @@ backing_read (struct qcow2_image *img, void *buf, uint64_t len,
   return 0;
 }
 
+/* A raw backing file reports its holes, as qemu's file driver finds
+ * them (SEEK_DATA and SEEK_HOLE).
+ */
+static int
+raw_extents (struct qcow2_image *img, uint64_t offset, uint64_t len,
+             qcow2_extent_fn fn, void *opaque)
+{
+  struct backing *b = img->backing;
+  uint64_t end = offset + len;
+  int r;
+
+  while (offset < end) {
+    uint64_t n = end - offset;
+    bool hole = false;
+
+    if (b->io.block_status) {
+      r = b->io.block_status (b->io.opaque, end - offset, offset, &n, &hole);
+      if (r < 0) {
+        qcow2_error (img, "block status of the backing file %s failed: %s",
+                     b->path, strerror (-r));
+        return r;
+      }
+      if (n == 0 || n > end - offset)
+        n = end - offset;
+    }
+    r = fn (opaque, offset, n, hole);
+    if (r != 0)
+      return r;
+    offset += n;
+  }
+  return 0;
+}
+
+static int
+backing_extents (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                 qcow2_extent_fn fn, void *opaque)
+{
+  struct backing *b = img->backing;
+  uint64_t avail = offset < b->size ? b->size - offset : 0;
+  uint64_t n = len < avail ? len : avail;
+  int r = 0;
+
+  if (n > 0) {
+    /* qcow2_extents reports all of its range (it may stop early only on
+     * an error, and then the error comes back).
+     */
+    if (b->is_qcow2)
+      r = qcow2_extents (b->conn, &b->io, offset, n, fn, opaque);
+    else
+      r = raw_extents (img, offset, n, fn, opaque);
+    if (r != 0)
+      return r;
+  }
+  return n < len ? fn (opaque, offset + n, len - n, true) : 0;
+}
+
 int
 qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
                     size_t first_len)
@@ -132,6 +188,7 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
     return -ENOMEM;
   img->backing = b;
   img->read_backing = backing_read;
+  img->backing_extents = backing_extents;
   r = resolve_path (img, name, &b->path);
   if (r < 0)
     return r;
@@ -222,4 +279,5 @@ qcow2_backing_close (struct qcow2_image *img)
   free (b);
   img->backing = NULL;
   img->read_backing = NULL;
+  img->backing_extents = NULL;
 }

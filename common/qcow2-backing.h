@@ -8,11 +8,18 @@
  * read-only by the engine itself, and is read in the calling thread.
  * Past its end it reads as zeros.
  *
- * Offers: qcow2_backing_open, qcow2_backing_close; the paths read the
- * backing file through img->read_backing, which the open sets.
+ * Its map: a qcow2 backing file reports what its own chain reports, a
+ * raw one its holes (SEEK_DATA/SEEK_HOLE) as zeros and the rest as data,
+ * and past its end the disk is zeros.
+ *
+ * Offers: qcow2_backing_open, qcow2_backing_close; the paths read and
+ * map the backing file through img->read_backing and
+ * img->backing_extents, which the open sets.
  * Locks: the paths read the backing file with no lock of the image held
  * (a read after its lookup, a copy-on-write before its link); a qcow2
  * backing file's read takes that image's own lock, as any read does.
+ * The map of the backing file is asked for with the image lock held
+ * shared; a qcow2 backing file's own image lock is taken below it.
  * Needs: file I/O, and the engine's own image open and read for a qcow2
  * backing file.
  */

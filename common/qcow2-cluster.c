@@ -3,16 +3,19 @@
  *
  * A write, zero or trim walks its range piece by piece.  Each cluster of
  * a piece gets an action: data goes in place into a normal cluster the
- * image alone owns (COPIED), else into a newly allocated cluster filled
- * with the old content around the new bytes; a whole cluster zeroed or
- * trimmed only changes its entry.  What a cluster held before is
- * released after the next writeback.  Data bound for contiguous host
- * bytes is written in runs.
+ * image alone owns (COPIED), or whole into the host cluster a zero
+ * cluster kept (then the entry becomes normal), else into a newly
+ * allocated cluster filled with the old content around the new bytes; a
+ * whole cluster zeroed or trimmed only changes its entry.  With
+ * qcow2-detect-zeroes, a whole cluster of zeros written is zeroed
+ * instead.  What a cluster held before is released after the next
+ * writeback.  Data bound for contiguous host bytes is written in runs.
  *
  * The image lock is held only to decide: shared for a piece written in
  * place, exclusively for one that allocates or changes entries.  Data is
  * read and written with no lock held; the guest clusters of a piece that
- * allocates stay claimed until its new clusters are linked, and a piece
+ * allocates (or writes a zero cluster's kept host cluster, which changes
+ * its entry too) stay claimed until its clusters are linked, and a piece
  * that writes in place is registered for a grace period until its data
  * is written, so that no cluster it writes is reused meanwhile.
  */
@@ -41,7 +44,13 @@ enum piece_action {
   PIECE_NONE,                   /* nothing to do */
   PIECE_IN_PLACE,               /* write into the cluster it has */
   PIECE_NEW,                    /* write a new cluster, then link it */
-  PIECE_META,                   /* only its entry changes (under the lock) */
+  PIECE_REUSE,                  /* write whole the host cluster a zero
+                                   cluster kept, then make it normal */
+  PIECE_META,                   /* only its entry changes (under the lock):
+                                   zero or unallocated, its cluster
+                                   released */
+  PIECE_ZERO_KEEP,              /* only its entry changes: a zero cluster
+                                   that keeps its host cluster */
 };
 
 /* ------------------------------------------------------------ data runs */
@@ -106,25 +115,60 @@ cluster_part (const struct qcow2_image *img, uint64_t gc, uint64_t offset,
   return lo == cstart && (hi == cend || hi == img->header.virtual_size);
 }
 
+/* ZEROS: a whole cluster of zeros written that qcow2-detect-zeroes
+ * turns into a zero request (keeping the host cluster with "on").
+ */
 static enum piece_action
 decide (const struct qcow2_image *img, enum qcow2_op op,
-        const struct cluster_map *map, bool whole)
+        const struct cluster_map *map, bool whole, bool zeros)
 {
+  const bool v3 = img->header.version >= 3;
+  const bool keep = zeros &&
+    img->opts.detect_zeroes == QCOW2_DETECT_ZEROES_ON;
   bool in_place = map->kind == CLUSTER_NORMAL && (map->l2_entry & L2E_COPIED);
-
-  if (op == QCOW2_OP_WRITE)
-    return in_place ? PIECE_IN_PLACE : PIECE_NEW;
-  if (qcow2_reads_as_zeros (img, map))
-    return PIECE_NONE;
-  /* A whole cluster becomes a zero cluster on v3, unallocated on v2
-   * without a backing file (which reads as zeros); on v2 with one it is
-   * written with zeros.
+  /* A zero cluster that kept its host cluster (qemu's "zero, allocated",
+   * or ours with qcow2-detect-zeroes=on) is written in place, as qemu
+   * does: the entry says zero until the data is written and the entry
+   * linked, so a crash before the writeback still reads zeros.
    */
-  if (whole && (img->header.version >= 3 || img->backing == NULL))
+  bool reusable = map->kind == CLUSTER_ZERO && map->host_offset &&
+    (map->l2_entry & L2E_COPIED) &&
+    map->host_offset + img->header.cluster_size <= img->file_size;
+
+  if (op == QCOW2_OP_WRITE && !zeros)
+    return in_place ? PIECE_IN_PLACE : reusable ? PIECE_REUSE : PIECE_NEW;
+  if (map->kind == CLUSTER_UNALLOCATED && img->backing == NULL)
+    return PIECE_NONE;
+  if (map->kind == CLUSTER_ZERO && (map->host_offset == 0 || keep))
+    return PIECE_NONE;
+  if (whole && keep) {
+    /* As qemu's write-zeroes without unmap: the image alone owns the
+     * cluster, so it stays allocated; v2 has no zero clusters and writes
+     * the zeros.
+     */
+    if (!v3)
+      return in_place ? PIECE_IN_PLACE : PIECE_NEW;
+    if (in_place)
+      return PIECE_ZERO_KEEP;
+  }
+  /* A whole cluster becomes a zero cluster on v3 (a zero cluster that
+   * kept its host cluster gives it back), unallocated on v2 without a
+   * backing file (which reads as zeros); on v2 with one it is written
+   * with zeros.
+   */
+  if (whole && (v3 || img->backing == NULL))
     return PIECE_META;
   if (op == QCOW2_OP_TRIM)
     return PIECE_NONE;          /* a trim of part of a cluster is a hint */
+  if (qcow2_reads_as_zeros (img, map))
+    return PIECE_NONE;
   return in_place ? PIECE_IN_PLACE : PIECE_NEW;
+}
+
+static bool
+all_zero (const uint8_t *p, size_t len)
+{
+  return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
 }
 
 int
@@ -197,13 +241,14 @@ qcow2_release (struct qcow2_image *img, const struct cluster_map *map)
 /* ---------------------------------------------------------------- pieces */
 
 /* What [OFFSET, END) does to the N guest clusters from GC0 (one L2 table),
- * into WS->piece: the entries as they are and the action for each.  With
- * the image lock held (shared is enough).
+ * into WS->piece: the entries as they are and the action for each
+ * (ZEROS, unless NULL: ZEROS[i] says cluster GC0+i is a whole cluster of
+ * zeros written, for qcow2-detect-zeroes).  With the image lock held (shared is enough).
  */
 static int
 look_up (struct qcow2_image *img, struct qcow2_io *io,
-         struct write_scratch *ws, enum qcow2_op op, uint64_t offset,
-         uint64_t end, uint64_t gc0, size_t n)
+         struct write_scratch *ws, enum qcow2_op op, const bool *zeros,
+         uint64_t offset, uint64_t end, uint64_t gc0, size_t n)
 {
   size_t got = n, i;
   int r;
@@ -219,7 +264,7 @@ look_up (struct qcow2_image *img, struct qcow2_io *io,
     r = qcow2_classify (img, gc0 + i, ws->entries[i], &pc->old);
     if (r < 0)
       return r;
-    pc->action = decide (img, op, &pc->old, whole);
+    pc->action = decide (img, op, &pc->old, whole, zeros && zeros[i]);
     pc->new_host = 0;
   }
   return 0;
@@ -246,7 +291,8 @@ write_piece_data (struct qcow2_image *img, struct qcow2_io *io,
     const uint8_t *src;
     uint8_t *merged;
 
-    if (pc->action != PIECE_IN_PLACE && pc->action != PIECE_NEW)
+    if (pc->action != PIECE_IN_PLACE && pc->action != PIECE_NEW &&
+        pc->action != PIECE_REUSE)
       continue;
     cluster_part (img, gc, offset, end, &part_off, &len);
     src = buf ? buf + ((gc << bits) + part_off - offset) : img->zero_cluster;
@@ -276,7 +322,9 @@ write_piece_data (struct qcow2_image *img, struct qcow2_io *io,
 
 /* With the image lock held exclusively, once the data of the piece's new
  * clusters was written (WRITTEN) or failed: point their entries at them
- * and release what they held, or give the new clusters back.
+ * and release what they held, or give the new clusters back.  A zero
+ * cluster's kept host cluster written whole becomes a normal cluster,
+ * or stays the zero cluster's (its entry was not changed meanwhile).
  */
 static int
 link_piece (struct qcow2_image *img, struct qcow2_io *io,
@@ -297,16 +345,19 @@ link_piece (struct qcow2_image *img, struct qcow2_io *io,
   for (i = 0; i < n; ++i) {
     struct piece_cluster *pc = &ws->piece[i];
 
-    if (pc->action != PIECE_NEW || pc->new_host == 0)
+    if ((pc->action != PIECE_NEW && pc->action != PIECE_REUSE) ||
+        pc->new_host == 0)
       continue;
     if (r < 0 || !written) {
       /* Never referenced: back at the next writeback. */
-      qcow2_free_later (img, pc->new_host, img->header.cluster_size, 0);
+      if (pc->action == PIECE_NEW)
+        qcow2_free_later (img, pc->new_host, img->header.cluster_size, 0);
       continue;
     }
     put_be64 (t->data + ((gc0 + i) & l2_mask) * 8, pc->new_host | L2E_COPIED);
     t->dirty = true;
-    r = qcow2_release (img, &pc->old);
+    if (pc->action == PIECE_NEW)
+      r = qcow2_release (img, &pc->old);
   }
   return r;
 }
@@ -330,6 +381,7 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
   struct qcow2_claim claim;
   struct meta_table *t = NULL;
   bool in_place = false, changes = false, allocates = false;
+  bool zero_flags[QCOW2_PIECE_MAX], *zeros = NULL;
   size_t n, i;
   int r, stop = 0;
 
@@ -339,12 +391,27 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
     last = gc0 + QCOW2_PIECE_MAX - 1;
   n = last - gc0 + 1;
 
+  /* qcow2-detect-zeroes looks at each whole cluster of a write (qemu at
+   * the whole request), before any lock is taken.
+   */
+  if (op == QCOW2_OP_WRITE &&
+      img->opts.detect_zeroes != QCOW2_DETECT_ZEROES_OFF) {
+    zeros = zero_flags;
+    for (i = 0; i < n; ++i) {
+      uint64_t part_off, len;
+      bool whole = cluster_part (img, gc0 + i, offset, end, &part_off, &len);
+
+      zeros[i] = whole &&
+        all_zero (buf + (((gc0 + i) << bits) + part_off - offset), len);
+    }
+  }
+
   /* Writes in place change no metadata: the lock held shared is enough
    * to see that no claim is on the clusters and that they stay where
    * they are until the grace period begins.
    */
   pthread_rwlock_rdlock (&img->lock);
-  r = look_up (img, io, ws, op, offset, end, gc0, n);
+  r = look_up (img, io, ws, op, zeros, offset, end, gc0, n);
   for (i = 0; r == 0 && i < n; ++i) {
     if (ws->piece[i].action == PIECE_IN_PLACE)
       in_place = true;
@@ -382,7 +449,7 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
     qcow2_inflight_wait_claim (&img->inflight, ticket);
     return 0;
   }
-  r = look_up (img, io, ws, op, offset, end, gc0, n);
+  r = look_up (img, io, ws, op, zeros, offset, end, gc0, n);
   for (i = 0; r == 0 && i < n; ++i) {
     struct piece_cluster *pc = &ws->piece[i];
 
@@ -403,6 +470,18 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
       r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &pc->new_host);
       if (r == 0)
         allocates = true;
+    }
+    else if (r == 0 && pc->action == PIECE_REUSE) {
+      /* Its entry changes once the data is written: claimed and linked
+       * as a new cluster is, with no allocation and nothing released.
+       */
+      pc->new_host = pc->old.host_offset;
+      allocates = true;
+    }
+    else if (r == 0 && pc->action == PIECE_ZERO_KEEP) {
+      put_be64 (t->data + ((gc0 + i) & l2_mask) * 8,
+                pc->old.host_offset | L2E_ZERO | L2E_COPIED);
+      t->dirty = true;
     }
     else if (r == 0) {
       put_be64 (t->data + ((gc0 + i) & l2_mask) * 8,

@@ -7,8 +7,9 @@
  * piece whose clusters are all written in place (normal, COPIED: the
  * image alone owns them) looks them up with the image lock held shared,
  * and changes no metadata.  Any other piece decides under the lock held
- * exclusively: it allocates the new clusters, claims the guest clusters
- * (qcow2-inflight.h), and lets the lock go; it then reads the old content
+ * exclusively: it allocates the new clusters (or takes the host cluster
+ * a zero cluster kept, whose entry changes as a new cluster's does),
+ * claims the guest clusters (qcow2-inflight.h), and lets the lock go; it then reads the old content
  * around the new bytes (copy-on-write: a compressed, shared or backing
  * cluster), writes the data, and only then, under the lock again, points
  * the L2 entries at the new clusters and queues the release of the old
@@ -54,7 +55,11 @@ struct change_result {
  * cluster zeroed or trimmed becomes a zero cluster on v3 (releasing what
  * it held), unallocated on v2 without a backing file, and is written with
  * zeros on v2 with one; part of a cluster is written with zeros when
- * zeroing and left alone when trimming.  Sets the flags of *RESULT (the
+ * zeroing and left alone when trimming.  With img->opts.detect_zeroes, a
+ * whole cluster of zeros written is zeroed instead (with "on", a normal
+ * cluster the image alone owns keeps its host cluster as a zero cluster;
+ * v2 writes it).  A write into a zero cluster that kept its host cluster
+ * fills that cluster whole and makes it normal.  Sets the flags of *RESULT (the
  * caller clears them).  0, or -errno after logging, or QCOW2_RECLAIM: the
  * first *DONE bytes are changed (and their data written), the rest not;
  * write back and change the rest.

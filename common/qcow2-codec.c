@@ -314,6 +314,12 @@ setup_zstd (struct qcow2_encoder *enc, int level, size_t in_len,
     r = ZSTD_CCtx_setParameter (enc->zstd, ZSTD_c_hashLog, hash_log);
   if (!ZSTD_isError (r))
     r = ZSTD_CCtx_setParameter (enc->zstd, ZSTD_c_chainLog, chain_log);
+  /* Every reader knows the size (one cluster), so the frame need not say
+   * it: a byte to three smaller per cluster.  qemu decodes such frames
+   * as it decodes its own (streaming, to a full cluster).
+   */
+  if (!ZSTD_isError (r))
+    r = ZSTD_CCtx_setParameter (enc->zstd, ZSTD_c_contentSizeFlag, 0);
   if (ZSTD_isError (r)) {
     snprintf (errbuf, errlen, "zstd: cannot set up the compressor (%s)",
               ZSTD_getErrorName (r));

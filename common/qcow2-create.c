@@ -187,9 +187,11 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
    * durable before the header that gives them meaning.  Clusters that
    * are to hold zeros and read as zeros already are left alone: on a
    * sparse file, writing them would allocate space that holds nothing.
-   * Storage that grows has to be written up to the end of the tables.
-   * Every read comes before the first write, so that a device that
-   * cannot be read is left as it was.
+   * Storage that grows reads as zeros past its end: it only has to reach
+   * the end of the tables, which their last sector does if their last
+   * cluster holds nothing, leaving a hole before it.  Every read comes
+   * before the first write, so that a device that cannot be read is left
+   * as it was.
    */
   skip = calloc (total_clusters, 1);
   if (skip == NULL) {
@@ -197,9 +199,10 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
     goto out;
   }
   for (c = 1; c < total_clusters; ++c) {
-    if (!create_cluster (buf, c, bits, rt_clusters, meta_clusters,
-                         rb_clusters) &&
-        ((c + 1) << bits) <= (uint64_t) device_size) {
+    if (create_cluster (buf, c, bits, rt_clusters, meta_clusters,
+                        rb_clusters))
+      continue;
+    if (((c + 1) << bits) <= (uint64_t) device_size) {
       r = io->pread (io->opaque, buf, cluster_size, c << bits);
       if (r < 0) {
         create_error (log, "qcow2-create: cannot read the device");
@@ -207,6 +210,8 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
       }
       skip[c] = all_zero (buf, cluster_size);
     }
+    else if (opts->growable && (c << bits) >= (uint64_t) device_size)
+      skip[c] = 1;
   }
   for (c = 1; c < total_clusters; ++c) {
     if (skip[c])
@@ -217,6 +222,13 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
       goto write_failed;
   }
   memset (buf, 0, cluster_size);
+  if (opts->growable && skip[total_clusters - 1] &&
+      (total_clusters << bits) > (uint64_t) device_size) {
+    r = io->pwrite (io->opaque, buf, HEADER_WRITE_BYTES,
+                    (total_clusters << bits) - HEADER_WRITE_BYTES);
+    if (r < 0)
+      goto write_failed;
+  }
   r = io->flush (io->opaque);
   if (r < 0)
     goto write_failed;

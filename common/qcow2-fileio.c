@@ -67,6 +67,56 @@ file_flush (void *opaque)
   return fdatasync (f->fd) == -1 ? -errno : 0;
 }
 
+static int
+file_discard (void *opaque, uint64_t count, uint64_t offset)
+{
+  struct fileio *f = opaque;
+
+  if (fallocate (f->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                 offset, count) == -1)
+    return errno == ENOTSUP ? -EOPNOTSUPP : -errno;
+  return 0;
+}
+
+static int
+file_truncate (void *opaque, uint64_t size)
+{
+  struct fileio *f = opaque;
+
+  return ftruncate (f->fd, size) == -1 ? -errno : 0;
+}
+
+/* SEEK_DATA and SEEK_HOLE, as qemu's file-posix driver asks them. */
+static int
+file_block_status (void *opaque, uint64_t count, uint64_t offset,
+                   uint64_t *length, bool *hole)
+{
+  struct fileio *f = opaque;
+  off_t data, end;
+
+  data = lseek (f->fd, offset, SEEK_DATA);
+  if (data == -1 && errno == ENXIO)
+    data = offset + count;      /* a hole up to the end of the file */
+  else if (data == -1) {
+    /* The file system cannot say: all data. */
+    *length = count;
+    *hole = false;
+    return 0;
+  }
+  if ((uint64_t) data > offset) {
+    *hole = true;
+    *length = (uint64_t) data - offset < count ? (uint64_t) data - offset
+      : count;
+    return 0;
+  }
+  end = lseek (f->fd, offset, SEEK_HOLE);
+  if (end == -1 || (uint64_t) end <= offset)
+    end = offset + count;
+  *hole = false;
+  *length = (uint64_t) end - offset < count ? (uint64_t) end - offset : count;
+  return 0;
+}
+
 static int64_t
 file_size (void *opaque)
 {
@@ -97,6 +147,9 @@ qcow2_fileio_open (const char *path, bool writable, struct qcow2_io *io)
   io->pwrite = writable ? file_pwrite : NULL;
   io->flush = writable ? file_flush : NULL;
   io->size = file_size;
+  io->discard = writable ? file_discard : NULL;
+  io->truncate = writable ? file_truncate : NULL;
+  io->block_status = file_block_status;
   return 0;
 }
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: a struct qcow2_io over a file of the local
- * filesystem.  Backing files are read through it, and the plugin form
- * serves its image through it (and can grow that file).
+ * filesystem.  Backing files are read through it (their holes found with
+ * SEEK_DATA and SEEK_HOLE), and the plugin form serves its image through
+ * it: it grows that file, punches holes in it and cuts its free tail.
  */
 #ifndef QCOW2_FILEIO_H
 #define QCOW2_FILEIO_H

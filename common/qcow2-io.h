@@ -8,6 +8,7 @@
 #ifndef QCOW2_IO_H
 #define QCOW2_IO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,31 @@ struct qcow2_io {
 
   /* Size of the image in bytes, or -errno. */
   int64_t (*size) (void *opaque);
+
+  /* The calls below are optional: NULL where the storage cannot.  Same
+   * threading rule as pread.
+   */
+
+  /* Tell the storage that the COUNT bytes at OFFSET (inside size()) hold
+   * nothing any more, so that it can give their space back (a file
+   * punches a hole).  They may read as anything afterwards.  0, or
+   * -errno; -EOPNOTSUPP when the storage turns out not to discard.
+   * NULL for an image opened read-only.
+   */
+  int (*discard) (void *opaque, uint64_t count, uint64_t offset);
+
+  /* Storage that grows (the plugin's own file): make it SIZE bytes long,
+   * SIZE at most size(), dropping the bytes after it.  0, or -errno.
+   */
+  int (*truncate) (void *opaque, uint64_t size);
+
+  /* Where data lies: set *LENGTH (1 to COUNT) to how many bytes from
+   * OFFSET (inside size()) are alike, and *HOLE to whether they are a
+   * hole that reads as zeros rather than data.  0, or -errno.  NULL:
+   * everything is data.
+   */
+  int (*block_status) (void *opaque, uint64_t count, uint64_t offset,
+                       uint64_t *length, bool *hole);
 };
 
 /* Messages.  Both callbacks may be NULL.  MSG is a complete sentence

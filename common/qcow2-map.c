@@ -40,6 +40,12 @@ qcow2_l1_load (struct qcow2_image *img, struct qcow2_io *io)
   return 0;
 }
 
+bool
+qcow2_l1_unallocated (const struct qcow2_image *img, uint64_t l1_index)
+{
+  return l1_index >= img->header.l1_size || img->l1[l1_index] == 0;
+}
+
 int
 qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
                 uint64_t entry, struct cluster_map *map)

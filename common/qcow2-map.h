@@ -6,8 +6,8 @@
  * tables not yet written back.  Every entry is validated before use: a
  * bad one is an error naming the guest offset, never a read elsewhere.
  *
- * Offers: qcow2_l1_load, qcow2_l2_entries, qcow2_classify,
- * qcow2_check_bitmap, qcow2_compressed_span.
+ * Offers: qcow2_l1_load, qcow2_l1_unallocated, qcow2_l2_entries,
+ * qcow2_classify, qcow2_check_bitmap, qcow2_compressed_span.
  * Locks: the caller holds the image lock (shared is enough) around
  * qcow2_l2_entries, so that no writer changes a table meanwhile.
  * Needs: host I/O, the L2 cache.
@@ -15,6 +15,7 @@
 #ifndef QCOW2_MAP_H
 #define QCOW2_MAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,12 @@
  * logging.
  */
 int qcow2_l1_load (struct qcow2_image *img, struct qcow2_io *io);
+
+/* Does L1 entry L1_INDEX have no L2 table (all its clusters
+ * unallocated)?  False for an entry that is not simply empty, which
+ * qcow2_l2_entries then checks.
+ */
+bool qcow2_l1_unallocated (const struct qcow2_image *img, uint64_t l1_index);
 
 /* Most entries qcow2_l2_entries returns at once. */
 #define QCOW2_L2_BATCH 512

@@ -87,6 +87,22 @@ struct refcounts {
   uint64_t max_refcount;
 };
 
+/* A run of host clusters. */
+struct cluster_run {
+  uint64_t first;
+  uint64_t count;
+};
+
+/* Room left in a host cluster that compressed data was packed into, when
+ * the packing had to move on before filling it.
+ */
+struct pack_gap {
+  uint64_t offset;
+  uint64_t length;
+};
+
+#define QCOW2_PACK_GAPS 64
+
 /* Where the next clusters come from, and what waits to be released
  * (written by qcow2-alloc.c).
  */
@@ -94,13 +110,20 @@ struct allocator {
   uint64_t host_clusters;     /* clusters that fit in the file */
   uint64_t free_hint;         /* no free cluster below this index */
   uint64_t pack_cursor;       /* next free byte for compressed data, or 0 */
-  /* While compressed data is being packed, single clusters for plain
-   * data and tables come from this window of free clusters set apart.
-   */
-  uint64_t window_next, window_end;
+  /* Gaps that later compressed clusters small enough fill. */
+  struct pack_gap gaps[QCOW2_PACK_GAPS];
+  unsigned ngaps;
   struct pending_free *pending;
   size_t npending, pending_cap;
   size_t in_writeback;        /* taken by the writeback, not applied yet */
+  /* Clusters whose refcount dropped to 0 in memory, held back from
+   * allocation until qcow2_alloc_reuse_released has seen the drop
+   * durable and discarded them in the storage.  Sorted, apart from each
+   * other.
+   */
+  struct cluster_run *released;
+  size_t nreleased, released_cap;
+  bool discard_failed;        /* the storage refused a discard: stop */
 };
 
 struct qcow2_image {
@@ -161,12 +184,17 @@ struct qcow2_image {
 
   /* The backing file (qcow2-backing.c), NULL when unallocated clusters
    * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros
-   * past its end).  A pointer, because a qcow2 backing file is read by
-   * the very read path that calls it.
+   * past its end).  Pointers, because a qcow2 backing file is read (and
+   * mapped) by the very path that calls them.
    */
   struct backing *backing;
   int (*read_backing) (struct qcow2_image *img, void *buf, uint64_t len,
                        uint64_t offset);
+  /* And what its chain reports for LEN bytes of its disk at OFFSET, as
+   * qcow2_extents reports it (all of the range; zeros past its end).
+   */
+  int (*backing_extents) (struct qcow2_image *img, uint64_t offset,
+                          uint64_t len, qcow2_extent_fn fn, void *opaque);
 
   /* The compressor threads, started by the first compressing write
    * (qcow2-compress.c).

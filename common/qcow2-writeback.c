@@ -321,11 +321,18 @@ writeback_serialized (struct qcow2_image *img, struct qcow2_io *io,
                       bool flush_underneath)
 {
   struct snapshot s;
-  bool releases;
+  bool releases, held;
   int r;
 
   pthread_rwlock_wrlock (&img->lock);
   r = snapshot_take (img, &s);
+  /* Clusters released by a writeback that failed after applying its
+   * releases: their decrements go with this copy's refcounts, and must
+   * be flushed before step 4.
+   */
+  held = qcow2_alloc_released (img) > 0;
+  if (held)
+    flush_underneath = true;
   pthread_rwlock_unlock (&img->lock);
   if (r < 0)
     return r;
@@ -376,6 +383,21 @@ writeback_serialized (struct qcow2_image *img, struct qcow2_io *io,
 
   if (r == 0 && flush_underneath)
     r = qcow2_flush_logged (img, io);
+
+  /* 4. The clusters the decrements brought to 0 are free on disk now,
+   * and past the grace period their releases waited for in step 3 (only
+   * this writeback, under the writeback lock, applies releases, so every
+   * held cluster was applied after its wait): discard them, then they
+   * may be handed out again.  Under the image lock, since the allocator
+   * and the file's size change.  Only this function holds clusters back,
+   * so with neither releases nor held clusters there is nothing to do.
+   */
+  if (r == 0 && (releases || held)) {
+    pthread_rwlock_wrlock (&img->lock);
+    if (qcow2_alloc_released (img))
+      r = qcow2_alloc_reuse_released (img, io);
+    pthread_rwlock_unlock (&img->lock);
+  }
   return r;
 }
 

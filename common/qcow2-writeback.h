@@ -11,16 +11,21 @@
  *   refcount blocks (increments) -> flush -> refcount table -> flush ->
  *   header if the table moved -> flush -> L2 tables -> flush -> L1 ->
  *   flush -> decrements of what was released -> refcount blocks -> flush
+ *   -> discards of the clusters now free (qcow2_alloc_reuse_released)
  *
- * A crash anywhere leaks clusters at worst.
+ * A crash anywhere leaks clusters at worst, and no discarded byte is
+ * referred to by anything on disk.
  *
  * The writeback holds the image lock only to copy what changed (and, at
- * the end, to count it clean and to apply the releases); the writes and
- * flushes run without it, while reads and writes go on.  What changes
- * meanwhile waits for the next writeback.  One writeback runs at a time,
- * under a lock of its own.  A release is applied only after the metadata
- * that stopped pointing at it is durable and once no read or write that
- * may still touch its clusters is in flight (qcow2-inflight.h).
+ * the end, to count it clean, to apply the releases and to make the
+ * clusters they freed reusable); the writes and flushes run without it,
+ * while reads and writes go on.  What changes meanwhile waits for the
+ * next writeback.  One writeback runs at a time, under a lock of its
+ * own.  A release is applied only after the metadata that stopped
+ * pointing at it is durable and once no read or write that may still
+ * touch its clusters is in flight (qcow2-inflight.h); the clusters it
+ * brings to refcount 0 are discarded (and become reusable) only after
+ * that, once the decrements are durable too.
  *
  * Offers: qcow2_l2_for_write (the dirty set), qcow2_too_much_dirty,
  * qcow2_l2_dirty, qcow2_writeback, qcow2_writeback_if_idle, and
@@ -31,7 +36,8 @@
  * lock themselves, so they are called with no lock held, no claim and not
  * registered for a grace period (they wait for grace periods).
  * Needs: the refcounts (their snapshots), the allocator (a new L2 table,
- * the queued releases), the grace periods, host I/O, the L2 cache.
+ * the queued releases, the released clusters to discard), the grace
+ * periods, host I/O, the L2 cache.
  */
 #ifndef QCOW2_WRITEBACK_H
 #define QCOW2_WRITEBACK_H

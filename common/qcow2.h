@@ -21,6 +21,22 @@
 #include "qcow2-io.h"
 #include "qcow2-lock.h"
 
+/* What becomes of host clusters nothing refers to any more (qcow2-discard). */
+enum qcow2_discard {
+  QCOW2_DISCARD_IGNORE,           /* kept by the storage, reused later */
+  QCOW2_DISCARD_UNMAP,            /* discarded in the storage (io.discard) */
+};
+
+/* Whole clusters of zeros in a write (qcow2-detect-zeroes, as qemu's
+ * detect-zeroes).
+ */
+enum qcow2_detect_zeroes {
+  QCOW2_DETECT_ZEROES_OFF,        /* written as data */
+  QCOW2_DETECT_ZEROES_ON,         /* zero clusters that keep their host
+                                     cluster */
+  QCOW2_DETECT_ZEROES_UNMAP,      /* zero clusters; host cluster released */
+};
+
 struct qcow2_options {
   bool writable;                  /* open for writing */
   unsigned threads;               /* pool workers per connection; 0: none */
@@ -34,6 +50,8 @@ struct qcow2_options {
   const char *image_dir;          /* where relative backing names start */
   unsigned backing_depth;         /* 0; the engine counts the chain */
   bool growable;                  /* writes may extend the storage */
+  enum qcow2_discard discard;
+  enum qcow2_detect_zeroes detect_zeroes;
   enum qcow2_lock_policy locking; /* for the backing files it opens */
   unsigned debug;                 /* QCOW2_DEBUG_* bits */
 };
@@ -116,9 +134,12 @@ int qcow2_read (struct qcow2_conn *conn, struct qcow2_io *io,
 
 /* Report the allocation of [OFFSET, OFFSET+COUNT): FN is called for
  * consecutive ranges in order, with ZERO true for ranges that read as
- * zeros without data behind them (unallocated or zero clusters).  FN
- * returns 0 to go on, or a negative errno to stop with that error.
- * Reporting may stop early, after at least one range.
+ * zeros without data behind them (zero clusters, and unallocated ones
+ * where no layer of the backing chain has data: what the image does not
+ * allocate reports what its backing file reports).  FN returns 0 to go
+ * on, or a negative errno to stop with that error.  Reporting stops
+ * early only at a bad entry, after at least one range (the next request
+ * gets the error).
  */
 typedef int (*qcow2_extent_fn) (void *opaque, uint64_t offset,
                                 uint64_t length, bool zero);
@@ -132,7 +153,9 @@ int qcow2_extents (struct qcow2_conn *conn, struct qcow2_io *io,
  * metadata reaches the disk at the next qcow2_flush (or earlier, when
  * enough has changed), in an order that a crash can only leak clusters.
  * With FUA true, flushes before returning.  -ENOSPC (after logging how
- * much room is missing) when the image file is full.
+ * much room is missing) when the image file is full.  With
+ * opts.detect_zeroes, whole clusters of zeros in BUF are zeroed instead
+ * (keeping their host cluster with QCOW2_DETECT_ZEROES_ON).
  */
 int qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
                  const void *buf, uint64_t count, uint64_t offset, bool fua);
@@ -146,13 +169,16 @@ int qcow2_zero (struct qcow2_image *image, struct qcow2_io *io,
                 uint64_t count, uint64_t offset, bool fast, bool fua);
 
 /* Discard [OFFSET, OFFSET+COUNT): whole clusters are released and read as
- * zeros afterwards; parts of clusters are left as they are.
+ * zeros afterwards; parts of clusters are left as they are.  What any
+ * call releases is discarded in the storage (opts.discard) by the
+ * writeback that makes the release durable.
  */
 int qcow2_trim (struct qcow2_image *image, struct qcow2_io *io,
                 uint64_t count, uint64_t offset, bool fua);
 
 /* Write all changed metadata in crash-safe order and flush the image
- * underneath.  Called for NBD_CMD_FLUSH and before the image closes.
+ * underneath, then discard the clusters that became free.  Called for
+ * NBD_CMD_FLUSH and before the image closes.
  */
 int qcow2_flush (struct qcow2_image *image, struct qcow2_io *io);
 

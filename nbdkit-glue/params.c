@@ -26,6 +26,11 @@ struct qcow2_options engine_options = {
   .request_size = QCOW2_DEFAULT_REQUEST_SIZE,
   .l2_cache_size = QCOW2_DEFAULT_L2_CACHE_SIZE,
   .cluster_cache_size = QCOW2_DEFAULT_CLUSTER_CACHE_SIZE,
+  /* A client's trim already releases clusters inside the image; passing
+   * that on is what gives the space back (see the man page).
+   */
+  .discard = QCOW2_DISCARD_UNMAP,
+  .detect_zeroes = QCOW2_DETECT_ZEROES_OFF,     /* qemu's default */
 };
 bool create_requested;
 struct qcow2_create_options create_options = {
@@ -225,6 +230,32 @@ params_config (const char *key, const char *value)
       return -1;
     }
     create_details_given = true;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-discard") == 0) {
+    if (strcmp (value, "unmap") == 0 || strcmp (value, "on") == 0)
+      engine_options.discard = QCOW2_DISCARD_UNMAP;
+    else if (strcmp (value, "ignore") == 0 || strcmp (value, "off") == 0)
+      engine_options.discard = QCOW2_DISCARD_IGNORE;
+    else {
+      nbdkit_error ("%s: unknown discard mode '%s' (unmap or ignore)",
+                    key, value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "qcow2-detect-zeroes") == 0) {
+    if (strcmp (value, "off") == 0)
+      engine_options.detect_zeroes = QCOW2_DETECT_ZEROES_OFF;
+    else if (strcmp (value, "on") == 0)
+      engine_options.detect_zeroes = QCOW2_DETECT_ZEROES_ON;
+    else if (strcmp (value, "unmap") == 0)
+      engine_options.detect_zeroes = QCOW2_DETECT_ZEROES_UNMAP;
+    else {
+      nbdkit_error ("%s: unknown detect-zeroes mode '%s' (off, on or unmap)",
+                    key, value);
+      return -1;
+    }
     return 0;
   }
   if (strcmp (key, "qcow2-compress") == 0) {

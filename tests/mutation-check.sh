@@ -52,6 +52,7 @@ l2-not-written      | write_l2             | any    | start:return 0;           
 fua-ignored         | qcow2_write          | any    | start:fua = false;                            | test-stacks test-crash test-plugin-durability
 fua-ignored         | qcow2_zero           | any    | start:fua = false;                            |
 fua-ignored         | qcow2_trim           | any    | start:fua = false;                            |
+discard-too-early   | writeback_serialized | any    | before-last:^\s*/\* 2\. L2 tables:pthread_rwlock_wrlock (&img->lock); if (releases && qcow2_apply_frees (img, io, &s.frees) == 0) (void) qcow2_alloc_reuse_released (img, io); releases = false; pthread_rwlock_unlock (&img->lock); | test-power-loss
 EOF
 )
 

@@ -6,7 +6,7 @@
 #   power-loss-check.py --name NAME --log LOG --shadow SHADOW
 #       --initial DEVICE|none --size VIRTUAL_SIZE [--initial-raw RAW]
 #       [--states N] [--seed S] [--create CLUSTER_SIZE]
-#       [--keep-unformatted PATH]
+#       [--keep-unformatted PATH] [--expect-discards] [--expect-cut]
 #       [--workdir DIR] [--jobs J]
 #
 # A crash state is what the storage may hold after a power loss: every
@@ -25,10 +25,20 @@
 # still all zeros is also fine, if no flush had returned yet
 # (qcow2-create can run again on it; --keep-unformatted keeps the last
 # such state, for the caller to show that).
+#
+# A discard that reached the storage (a trim, a hole punched, the part of
+# a file that a truncate cut off) is data lost there: in a state that
+# includes it, the range holds garbage, and nothing the image refers to
+# (its tables, the data clusters and compressed data its L2 tables
+# point at) may lie in a range discarded and not written since.  With
+# --expect-discards the log must hold a discard, with --expect-cut a
+# truncate that made the file shorter.
 
 import argparse
+import bisect
 import os
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -61,6 +71,10 @@ def parse_log(path):
             mode, off, n = struct.unpack_from("<IQQ", data, pos + 1)
             end = pos + 21
             recs.append(("A", end, mode, off, n))
+        elif kind == "D":
+            off, n = struct.unpack_from("<QQ", data, pos + 1)
+            end = pos + 17
+            recs.append(("D", end, off, n))
         elif kind == "X":
             (n,) = struct.unpack_from("<I", data, pos + 1)
             sys.exit(f"{path}: the storage saw a call the harness cannot "
@@ -71,23 +85,52 @@ def parse_log(path):
     return recs
 
 
-def apply(dev, rec, sectors=None):
+_GARBAGE = random.Random(0xD15C).randbytes(1 << 20)
+
+
+def garbage(off, n):
+    """What a discarded range holds: bytes that are neither zeros nor
+    anything a write put there.
+    """
+    start = off % len(_GARBAGE)
+    reps = (start + n) // len(_GARBAGE) + 1
+    return (_GARBAGE * reps)[start:start + n] if reps > 1 else \
+        _GARBAGE[start:start + n]
+
+
+def discard(dev, lost, off, n):
+    end = min(off + n, len(dev))
+    if end > off:
+        dev[off:end] = garbage(off, end - off)
+    if off + n > len(lost):
+        lost.extend(bytes(off + n - len(lost)))
+    lost[off:off + n] = b"\1" * n
+
+
+def apply(dev, rec, sectors=None, lost=None):
     """Apply REC to the bytearray DEV; for a write, only SECTORS (indexes
     of its 512-byte pieces, split at the storage's sector boundaries)
-    if given.
+    if given.  LOST (a bytearray, a byte per byte of the device) marks
+    what discards took and no write put back since.
     """
+    if lost is None:
+        lost = bytearray()
     if rec[0] == "W":
         _, _, off, data = rec
         if off + len(data) > len(dev):
             dev.extend(bytes(off + len(data) - len(dev)))
-        if sectors is None:
-            dev[off:off + len(data)] = data
-        else:
-            for lo, hi in (pieces(off, len(data))[i] for i in sectors):
-                dev[lo:hi] = data[lo - off:hi - off]
+        ranges = ([(off, off + len(data))] if sectors is None else
+                  [pieces(off, len(data))[i] for i in sectors])
+        for lo, hi in ranges:
+            dev[lo:hi] = data[lo - off:hi - off]
+            if lo < len(lost):
+                lost[lo:min(hi, len(lost))] = bytes(min(hi, len(lost)) - lo)
     elif rec[0] == "T":
         length = rec[2]
         if length < len(dev):
+            if len(lost) < len(dev):
+                lost.extend(bytes(len(dev) - len(lost)))
+            lost[length:len(dev)] = b"\1" * (len(dev) - length)
             del dev[length:]
         else:
             dev.extend(bytes(length - len(dev)))
@@ -95,10 +138,29 @@ def apply(dev, rec, sectors=None):
         _, _, mode, off, n = rec
         if not mode & FALLOC_FL_KEEP_SIZE and off + n > len(dev):
             dev.extend(bytes(off + n - len(dev)))
-        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
+        if mode & FALLOC_FL_PUNCH_HOLE:
+            discard(dev, lost, off, n)
+        elif mode & FALLOC_FL_ZERO_RANGE:
             end = min(off + n, len(dev))
             if end > off:
                 dev[off:end] = bytes(end - off)
+                if off < len(lost):
+                    lost[off:min(end, len(lost))] = bytes(min(end, len(lost)) - off)
+    elif rec[0] == "D":
+        _, _, off, n = rec
+        discard(dev, lost, off, n)
+
+
+def is_discard(rec):
+    return rec[0] == "D" or (rec[0] == "A" and rec[2] & FALLOC_FL_PUNCH_HOLE)
+
+
+def lost_ranges(lost, size):
+    """[start, end) of the runs of LOST, below SIZE (past the end of a
+    file that was cut too).
+    """
+    return [(m.start(), min(m.end(), size))
+            for m in re.finditer(rb"\x01+", bytes(lost[:size]))]
 
 
 def pieces(off, n):
@@ -163,7 +225,71 @@ def later_explains(k, sector, got):
     return False
 
 
-def check_state(path, k, label):
+def references(state):
+    """(start, end, what) of every range the qcow2 image in STATE refers
+    to: its header, refcount table and blocks, L1 and L2 tables, data
+    clusters, and the bytes of compressed data that its last sector does
+    not share with what follows.
+    """
+    u32 = lambda o: struct.unpack_from(">I", state, o)[0]
+    u64 = lambda o: struct.unpack_from(">Q", state, o)[0]
+    bits = u32(20)
+    cs = 1 << bits
+    l1_size, l1_off = u32(36), u64(40)
+    rt_off, rt_clusters = u64(48), u32(56)
+    shift = 62 - (bits - 8)
+    out = [(0, min(cs, len(state)), "the header"),
+           (rt_off, rt_off + rt_clusters * cs, "the refcount table"),
+           (l1_off, l1_off + 8 * l1_size, "the L1 table")]
+    for i in range(rt_clusters * cs // 8):
+        if rt_off + 8 * i + 8 > len(state):
+            break
+        b = u64(rt_off + 8 * i) & ~0x1ff
+        if b:
+            out.append((b, b + cs, "a refcount block"))
+    for i in range(l1_size):
+        if l1_off + 8 * i + 8 > len(state):
+            break
+        l2 = u64(l1_off + 8 * i) & 0x00fffffffffffe00
+        if not l2:
+            continue
+        out.append((l2, l2 + cs, "an L2 table"))
+        for j in range(cs // 8):
+            if l2 + 8 * j + 8 > len(state):
+                break
+            e = u64(l2 + 8 * j)
+            if e & (1 << 62):
+                off = e & ((1 << shift) - 1)
+                nsect = ((e >> shift) & ((1 << (bits - 8)) - 1)) + 1
+                last = (off & ~511) + (nsect - 1) * 512
+                out.append((off, max(off, last) + 1,
+                            f"compressed data of guest cluster {i * cs // 8 + j}"))
+            elif e & 0x00fffffffffffe00:
+                d = e & 0x00fffffffffffe00
+                out.append((d, d + cs, f"the data of guest cluster {i * cs // 8 + j}"))
+    return out
+
+
+def refers_to_lost(state, lost):
+    """What of STATE refers to a range in LOST (sorted [start, end)), or
+    None.
+    """
+    if not lost:
+        return None
+    starts = [r[0] for r in lost]
+    for lo, hi, what in references(state):
+        i = bisect.bisect_right(starts, lo) - 1
+        for r in lost[max(i, 0):]:
+            if r[0] >= hi:
+                break
+            if r[1] > lo:
+                return (f"{what} at host offset {lo:#x} lies in bytes a "
+                        f"discard took ({r[0]:#x}-{r[1]:#x}) and no write "
+                        f"put back")
+    return None
+
+
+def check_state(path, k, label, lost=()):
     """None if the state at PATH is fine with shadow entry K as the last
     flush that must be durable (-1: none), else what is wrong.
     """
@@ -174,6 +300,10 @@ def check_state(path, k, label):
             if k >= 0:
                 return "the first cluster is zero, but a flush had returned"
             return None
+        with open(path, "rb") as f:
+            err = refers_to_lost(f.read(), list(lost))
+        if err:
+            return err
         r = subprocess.run(["qemu-img", "check", "-f", "qcow2", path],
                            capture_output=True, text=True)
         if r.returncode not in (0, 3) or "ERROR" in r.stdout:
@@ -224,6 +354,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--create", type=int, default=0)
     ap.add_argument("--keep-unformatted")
+    ap.add_argument("--expect-discards", action="store_true")
+    ap.add_argument("--expect-cut", action="store_true")
     ap.add_argument("--workdir", default=".")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
@@ -231,6 +363,18 @@ def main():
 
     recs = parse_log(a.log)
     ops = read_shadow(a.shadow)
+    ndiscards = sum(1 for r in recs if is_discard(r))
+    sizes = [0]
+    for r in recs:
+        if r[0] == "W":
+            sizes.append(max(sizes[-1], r[2] + len(r[3])))
+        elif r[0] == "T":
+            sizes.append(r[2])
+    ncuts = sum(1 for a_, b_ in zip(sizes, sizes[1:]) if b_ < a_)
+    if a.expect_discards and ndiscards == 0:
+        sys.exit(f"{a.name}: the storage saw no discard")
+    if a.expect_cut and ncuts == 0:
+        sys.exit(f"{a.name}: the file was never made shorter")
     flushes = [(i, op["pos"]) for i, op in enumerate(ops) if op["op"] == "F"]
     if not flushes:
         sys.exit(f"{a.name}: the client logged no flush")
@@ -305,6 +449,7 @@ def main():
     failures = []
     keep_candidate = None
     dev = bytearray(open(a.initial, "rb").read()) if a.initial != "none" else bytearray()
+    lost = bytearray(len(dev))  # what discards took from dev
     applied = 0                 # intervals fully applied to dev
     futures = []
     done = 0
@@ -321,16 +466,17 @@ def main():
         for number, (j, subset) in enumerate(plan):
             while applied < j:
                 for rec in intervals[applied]:
-                    apply(dev, rec)
+                    apply(dev, rec, lost=lost)
                 applied += 1
             state = bytearray(dev)
+            state_lost = bytearray(lost)
             if subset == "all":
                 for rec in intervals[j]:
-                    apply(state, rec)
+                    apply(state, rec, lost=state_lost)
                 label, end = "end of the log", len(open(a.log, "rb").read())
             else:
                 for idx, sectors in subset or []:
-                    apply(state, intervals[j][idx], sectors)
+                    apply(state, intervals[j][idx], sectors, lost=state_lost)
                 torn = any(s is not None for _, s in subset or [])
                 label = ("flush boundary %d" % j if subset is None else
                          "boundary %d + %d of %d later records%s" %
@@ -345,8 +491,9 @@ def main():
             path = os.path.join(a.workdir, f"state-{number}.img")
             with open(path, "wb") as f:
                 f.write(state)
-            futures.append((label, pool.submit(check_state, path,
-                                               required(end), label)))
+            futures.append((label, pool.submit(
+                check_state, path, required(end), label,
+                lost_ranges(state_lost, len(state_lost)))))
             # A few states on disk at a time, not all of them.
             while len(futures) - done >= 2 * a.jobs:
                 collect(futures[done])
@@ -363,7 +510,8 @@ def main():
           f"flush boundaries, {counts['subset']} with later writes, "
           f"{counts['torn']} with torn writes, 1 at the end of the log"
           + (f"; {counts['unformatted']} not formatted yet" if a.create else "")
-          + f") from {len(recs)} records, {len(flushes)} client flushes: "
+          + f") from {len(recs)} records ({ndiscards} discards, {ncuts} "
+          f"cuts), {len(flushes)} client flushes: "
           + ("none corrupt, none with lost flushed data" if not failures else
              f"{len(failures)} FAILED"))
     for label, err in failures[:5]:

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # The power-loss harness for the shell tests: serve an image so that
-# every write and flush that reaches its storage is logged, run a client
-# workload that keeps a shadow of what it did, and check the crash states
-# rebuilt from the log.  Source it after functions.sh.
+# every write, flush and discard that reaches its storage is logged, run
+# a client workload that keeps a shadow of what it did, and check the
+# crash states rebuilt from the log.  Source it after functions.sh.
 #
 #   power_loss_run NAME FORM IMAGE WORKLOAD CLUSTER SEED SPAN [SERVER-ARGS...]
 #       Copies IMAGE (or notes that it does not exist) to NAME.initial,

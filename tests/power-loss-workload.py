@@ -18,6 +18,12 @@
 #   reuse      SPAN bytes written, trimmed and written elsewhere, twice
 #              over (with SPAN near the room in the file: the freed
 #              clusters must be reused)
+#   discard    runs of clusters written (text and random), then trims
+#              and zero requests of whole clusters and rewrites of parts
+#              of clusters (of compressed ones: copy-on-write), which
+#              release clusters to be discarded, three rounds; then the
+#              whole disk trimmed (the plugin form cuts its file) and
+#              written again
 
 import os
 import random
@@ -95,6 +101,37 @@ elif name == "reuse":
         # once the metadata that dropped them is on disk.
         sh.trim(h, area, span)
         sh.flush(h)
+elif name == "discard":
+    clusters = size // cluster
+
+    def some_clusters():
+        n = rng.randrange(1, 5)
+        return rng.randrange(0, clusters - n + 1) * cluster, n * cluster
+
+    for rnd in range(3):
+        for i in range(10):
+            sh.write(h, *some_clusters(), rng.randrange(3) != 0)
+            if i % 4 == 3:
+                sh.flush(h)
+        sh.flush(h)
+        for i in range(9):
+            off, n = some_clusters()
+            kind = rng.randrange(3)
+            if kind == 0:
+                sh.trim(h, off, n)
+            elif kind == 1:
+                sh.zero(h, off, n)
+            else:
+                part = rng.randrange(1, cluster // SECTOR) * SECTOR
+                sh.write(h, off + part, SECTOR, rng.randrange(2) == 0)
+            if i % 3 == 2:
+                sh.flush(h)
+        sh.flush(h)
+    sh.trim(h, 0, clusters * cluster)
+    sh.flush(h)
+    for i in range(4):
+        sh.write(h, *some_clusters(), True)
+    sh.flush(h)
 else:
     sys.exit(f"unknown workload {name}")
 sh.flush(h)

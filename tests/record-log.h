@@ -12,6 +12,8 @@
  *   'F'                                             a flush that returned
  *   'T' u64 size                                    ftruncate
  *   'A' u32 mode, u64 offset, u64 length            fallocate
+ *   'D' u64 offset, u64 length                      a trim: the range may
+ *                                                   read as anything after
  *   'X' u32 length, then LENGTH bytes of text       a call the harness
  *                                                   cannot model
  */
@@ -66,6 +68,17 @@ static inline void
 record_log_flush (int fd)
 {
   record_write_all (fd, "F", 1);
+}
+
+static inline void
+record_log_discard (int fd, uint64_t offset, uint64_t len)
+{
+  uint8_t rec[17];
+
+  rec[0] = 'D';
+  record_put_le (rec + 1, offset, 8);
+  record_put_le (rec + 9, len, 8);
+  record_write_all (fd, rec, sizeof rec);
 }
 
 #endif /* QCOW2ZSTD_RECORD_LOG_H */

@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd tests: an nbdkit plugin that serves a file and records
- * every write and flush it does (record-log.h), for the power-loss
- * harness to rebuild crash states from.
+ * every write, trim and flush it does (record-log.h), for the
+ * power-loss harness to rebuild crash states from.  A trim punches a
+ * hole, as nbdkit's file plugin does.
  *
  *   nbdkit --filter=qcow2zstd tests/.libs/record-plugin.so \
  *          file=DEVICE log=LOG
  *
- * Every write and flush takes one lock, so the log's order is the order
- * in which the file saw them: a write logged before a flush completed
+ * Every write, trim and flush takes one lock, so the log's order is the
+ * order in which the file saw them: a write logged before a flush completed
  * before that flush began.  The log is written with write(2), so a
  * client that sees a flush return can read the log's size and know
  * every record of that flush is in it.
@@ -162,6 +163,28 @@ record_pwrite (void *handle, const void *buf, uint32_t count,
 }
 
 static int
+record_can_trim (void *handle)
+{
+  return 1;
+}
+
+static int
+record_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  int r;
+
+  pthread_mutex_lock (&lock);
+  r = fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset,
+                 count);
+  if (r == 0)
+    record_log_discard (log_fd, offset, count);
+  else
+    nbdkit_error ("record: fallocate: %m");
+  pthread_mutex_unlock (&lock);
+  return r;
+}
+
+static int
 record_flush (void *handle, uint32_t flags)
 {
   int r;
@@ -188,6 +211,8 @@ static struct nbdkit_plugin plugin = {
   .can_multi_conn = record_can_multi_conn,
   .pread = record_pread,
   .pwrite = record_pwrite,
+  .can_trim = record_can_trim,
+  .trim = record_trim,
   .flush = record_flush,
 };
 

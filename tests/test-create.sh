@@ -105,10 +105,12 @@ check_image new.qcow2 zstd "nbdcopy with 4 connections"
 echo "nbdcopy --connections=4 into a created image: check clean, identical"
 
 # Packing: compressed clusters interleaved with incompressible ones.
-# qemu-img convert -c starts a new host cluster after each plain cluster;
-# the filter takes plain clusters from a window set apart, so its packed
-# data touches no more host clusters than the data fills, plus one per
-# window of 32 plain clusters, and no more than qemu's.
+# qemu-img convert -c starts a new host cluster after each plain cluster,
+# leaving the rest of the one it packed into unused; the filter places a
+# batch's compressed clusters before its plain ones, and later compressed
+# clusters fill the room the plain ones cut off, so its packed data
+# touches no more host clusters than the data fills, plus one per 32
+# plain clusters, and no more than qemu's.
 $PYTHON - <<'EOF'
 import random
 rng = random.Random(9)
@@ -136,6 +138,70 @@ bound=$(( (union + 65535) / 65536 + (plain + 31) / 32 + 1 ))
     fail "packing: compressed data touches $ours host clusters; $union bytes need at most $bound"
 [ "$ours" -le "$theirs" ] || fail "packing: $ours host clusters, qemu-img uses only $theirs"
 echo "packing around 64 plain clusters: $ours host clusters (bound $bound; qemu-img: $theirs)"
+
+# Tight packing at every cluster size: the images qcow2-create makes
+# (filter and plugin) are no larger than qemu-img convert -c's of the
+# same data, in file size and in allocated blocks.  The filter's file is
+# as large as it was made; what counts there is where its image ends
+# (qemu-img check's "Image end offset", as for qemu's own image) and its
+# blocks.  The plugin's file ends where its data ends.
+$PYTHON - <<'EOF'
+import random
+rng = random.Random(16)
+words = [b"qcow2", b"zstd", b"space", b"cluster", b"nbdkit", b"\n", b"the",
+         b"image", b"discard", b"42"]
+out = bytearray()
+size = 24 << 20
+while len(out) < size:
+    k = rng.randrange(10)
+    n = rng.randrange(4096, 1 << 20)
+    if k < 2:
+        out += rng.randbytes(n)
+    elif k < 8:
+        # text with some noise in it: compresses to 10 to 60 %
+        t = bytearray(b" ".join(rng.choice(words) for _ in range(n // 5))[:n])
+        for _ in range(rng.randrange(0, n // 20)):
+            t[rng.randrange(len(t))] = rng.randrange(256)
+        out += t
+    else:
+        out += bytes(n)
+open("mix.raw", "wb").write(out[:size])
+EOF
+image_end ()
+{
+    qemu-img check "$1" | awk '/Image end offset/ { print $4 }'
+}
+blocks () { echo $(( $(stat -c %b "$1") * 512 )); }
+msize=$(stat -c %s mix.raw)
+for cs in 64K 512K 1M 2M; do
+    rm -f qemu.qcow2 filter.qcow2 plugin.qcow2
+    qemu-img convert -c -O qcow2 -o cluster_size=$cs,compression_type=zstd \
+        mix.raw qemu.qcow2
+    truncate -s 40M filter.qcow2
+    start_server "$PWD/sock" file filter.qcow2 qcow2-create="$msize" \
+        qcow2-cluster-size=$cs
+    nbdcopy mix.raw "$(nbd_uri "$PWD/sock")"
+    stop_server
+    start_nbdkit "$PWD/sock" "$PLUGIN" plugin.qcow2 qcow2-create="$msize" \
+        qcow2-cluster-size=$cs
+    nbdcopy mix.raw "$(nbd_uri "$PWD/sock")"
+    stop_server
+    for f in filter plugin; do
+        qemu-img check -q $f.qcow2 || fail "packing $cs: $f: qemu-img check"
+        qemu-img compare -q -f qcow2 -F raw $f.qcow2 mix.raw ||
+            fail "packing $cs: $f: differs from the source"
+        [ "$(blocks $f.qcow2)" -le "$(blocks qemu.qcow2)" ] ||
+            fail "packing $cs: $f: $(blocks $f.qcow2) bytes allocated, qemu-img $(blocks qemu.qcow2)"
+    done
+    [ "$(stat -c %s plugin.qcow2)" -le "$(stat -c %s qemu.qcow2)" ] ||
+        fail "packing $cs: the plugin's file is $(stat -c %s plugin.qcow2) bytes, qemu-img's $(stat -c %s qemu.qcow2)"
+    [ "$(image_end filter.qcow2)" -le "$(image_end qemu.qcow2)" ] ||
+        fail "packing $cs: the filter's image ends at $(image_end filter.qcow2), qemu-img's at $(image_end qemu.qcow2)"
+    echo "packing $cs: file qemu-img $(stat -c %s qemu.qcow2), plugin" \
+         "$(stat -c %s plugin.qcow2); image end qemu-img $(image_end qemu.qcow2)," \
+         "filter $(image_end filter.qcow2); allocated qemu-img" \
+         "$(blocks qemu.qcow2), filter $(blocks filter.qcow2), plugin $(blocks plugin.qcow2)"
+done
 
 # Refusals.
 expect_startup_error ()

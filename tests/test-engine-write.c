@@ -3,7 +3,9 @@
  *
  * Random sequences of writes (partial clusters, whole runs, zeros,
  * repeated data), zeroes (fast or not), trims, flushes and FUA requests
- * on new images of several shapes, against a model of the guest disk:
+ * on new images of several shapes (some detecting zeros written, some on
+ * storage that discards released clusters: discarded bytes read as
+ * garbage), against a model of the guest disk:
  * - every read, before and after flushes, returns what the model holds;
  * - after every flush the image passes the test's own check exactly
  *   (every refcount equals the references counted from the tables), and
@@ -31,27 +33,38 @@ struct config {
   struct new_image image;
   bool compress;
   unsigned ops;
+  enum qcow2_detect_zeroes detect_zeroes;
+  bool discard;                 /* qcow2-discard=unmap, storage discards */
 };
 
 static const struct config configs[] = {
   { "v3, 512 B clusters",
     { 3, 9, 4, QCOW2_COMPRESSION_ZLIB, MiB - 1536, 4 * MiB, 0 },
-    false, 400 },
+    false, 400, QCOW2_DETECT_ZEROES_OFF, false },
   { "v3, 4 KiB clusters, refcount_bits 1",
     { 3, 12, 0, QCOW2_COMPRESSION_ZSTD, 4 * MiB, 12 * MiB, 0 },
-    false, 300 },
+    false, 300, QCOW2_DETECT_ZEROES_OFF, false },
   { "v2, 64 KiB clusters",
     { 2, 16, 4, QCOW2_COMPRESSION_ZLIB, 8 * MiB - 512, 24 * MiB, 0 },
-    false, 150 },
+    false, 150, QCOW2_DETECT_ZEROES_OFF, false },
   { "v3, 64 KiB clusters, zstd, compressing",
     { 3, 16, 4, QCOW2_COMPRESSION_ZSTD, 8 * MiB, 24 * MiB, 0 },
-    true, 150 },
+    true, 150, QCOW2_DETECT_ZEROES_OFF, false },
   { "v3, 4 KiB clusters, zlib, compressing, refcount_bits 64",
     { 3, 12, 6, QCOW2_COMPRESSION_ZLIB, 2 * MiB - 4096, 8 * MiB, 0 },
-    true, 300 },
+    true, 300, QCOW2_DETECT_ZEROES_OFF, false },
   { "v3, 1 KiB clusters, zstd, compressing, refcount_bits 2",
     { 3, 10, 1, QCOW2_COMPRESSION_ZSTD, MiB, 4 * MiB, 0 },
-    true, 300 },
+    true, 300, QCOW2_DETECT_ZEROES_OFF, false },
+  { "v3, 4 KiB clusters, detect-zeroes on, discarding",
+    { 3, 12, 4, QCOW2_COMPRESSION_ZSTD, 2 * MiB - 1024, 8 * MiB, 0 },
+    false, 300, QCOW2_DETECT_ZEROES_ON, true },
+  { "v3, 2 KiB clusters, detect-zeroes unmap, discarding, compressing",
+    { 3, 11, 4, QCOW2_COMPRESSION_ZLIB, MiB, 4 * MiB, 0 },
+    true, 300, QCOW2_DETECT_ZEROES_UNMAP, true },
+  { "v2, 4 KiB clusters, detect-zeroes on",
+    { 2, 12, 4, QCOW2_COMPRESSION_ZLIB, 2 * MiB, 8 * MiB, 0 },
+    false, 200, QCOW2_DETECT_ZEROES_ON, false },
 };
 #define NCONFIGS (sizeof configs / sizeof configs[0])
 
@@ -237,6 +250,8 @@ test_random (const struct config *cfg, uint64_t seed)
   struct run r = { .cfg = cfg, .state = seed };
 
   opts.compress = cfg->compress;
+  opts.detect_zeroes = cfg->detect_zeroes;
+  opts.discard = cfg->discard ? QCOW2_DISCARD_UNMAP : QCOW2_DISCARD_IGNORE;
   opts.threads = seed & 1 ? 2 : 0;
   opts.request_size = seed & 2 ? 64 * KiB : 4 * MiB;
   r.C = UINT64_C (1) << cfg->image.cluster_bits;
@@ -245,7 +260,9 @@ test_random (const struct config *cfg, uint64_t seed)
   r.buf = xmalloc (8 * r.C);
   snprintf (r.ctx, sizeof r.ctx, "%s, seed %" PRIu64, cfg->name, seed);
 
-  CHECK_EQ (session_open_new (&r.s, &cfg->image, MEM_IO_RECORD, &opts), 0);
+  CHECK_EQ (session_open_new (&r.s, &cfg->image,
+                              MEM_IO_RECORD |
+                              (cfg->discard ? MEM_IO_DISCARD : 0), &opts), 0);
   if (r.s.conn == NULL) {
     fprintf (stderr, "  %s: open failed: %s\n", r.ctx, r.s.log.last);
     session_close (&r.s);

@@ -12,6 +12,9 @@
  *   table on L2 tables, ...);
  * - the storage as of every flush, plus any subset of the writes after
  *   it, is consistent: no cluster referenced beyond its refcount;
+ * - a discard comes only after the flush that made its clusters' release
+ *   durable, and no crash state refers to what it discarded (a discarded
+ *   range reads as garbage);
  * - an overwrite in place changes no metadata: its flush is only a
  *   flush, and so is its FUA, unless its L2 table is not on disk yet;
  * - with writes, zeroes, trims, reads and flushes from several threads at
@@ -41,7 +44,12 @@ static const char *const kind_names[] = {
   [WRITE_REFCOUNT_BLOCK] = "B", [WRITE_L1] = "L1", [WRITE_L2] = "L2",
 };
 
-/* What each write of the log changed (KIND[i] for op i; -1 for a flush).
+/* KIND[i] of a flush and of a discard. */
+#define OP_FLUSH (-1)
+#define OP_DISCARD (-2)
+
+/* What each write of the log changed (KIND[i] for op i; OP_FLUSH,
+ * OP_DISCARD).
  *
  * A cluster holds what the final storage says it holds, since the last
  * time its refcount on disk dropped to 0: before that it held data that
@@ -82,8 +90,8 @@ classify_log (const struct mem_io *m)
   for (size_t i = 0; i < m->nops; ++i) {
     uint64_t c = m->ops[i].offset / final.cluster_size;
 
-    kind[i] = -1;
-    if (m->ops[i].flush)
+    kind[i] = m->ops[i].discard ? OP_DISCARD : OP_FLUSH;
+    if (m->ops[i].flush || m->ops[i].discard)
       continue;
     kind[i] = c < clusters && final.refs[c]
       ? classify_write (&final, m->ops[i].offset, m->ops[i].len) : WRITE_DATA;
@@ -112,7 +120,8 @@ sequence (const struct mem_io *m, const int *kind, size_t from, size_t to,
 
   out[0] = '\0';
   for (size_t i = from; i < to; ++i) {
-    const char *name = kind[i] < 0 ? "F" : kind_names[kind[i]];
+    const char *name = kind[i] == OP_FLUSH ? "F"
+      : kind[i] == OP_DISCARD ? "X" : kind_names[kind[i]];
     if (last && strcmp (name, last) == 0 && kind[i] >= 0)
       continue;
     snprintf (out + strlen (out), len - strlen (out), "%s%s",
@@ -139,10 +148,10 @@ check_dependencies (const struct mem_io *m, const int *kind, const char *ctx)
   unsigned unflushed = 0, bad = 0;
 
   for (size_t i = 0; i < m->nops; ++i) {
-    if (kind[i] < 0) {
+    if (kind[i] == OP_FLUSH)
       unflushed = 0;
+    if (kind[i] < 0)
       continue;
-    }
     if ((deps[kind[i]] & unflushed) && bad++ == 0) {
       char seq[200];
       sequence (m, kind, i >= 8 ? i - 8 : 0, i + 1, seq, sizeof seq);
@@ -155,13 +164,72 @@ check_dependencies (const struct mem_io *m, const int *kind, const char *ctx)
   CHECK_EQ (bad, 0);
 }
 
+static void
+apply_logged (uint8_t *state, const struct mem_op *op)
+{
+  if (op->discard)
+    for (size_t j = 0; j < op->len; ++j)
+      state[op->offset + j] = mem_io_garbage (op->offset + j);
+  else
+    memcpy (state + op->offset, op->data, op->len);
+}
+
+/* Per 512-byte sector of a state: 1 if a discard left it garbage and
+ * nothing was written there since.
+ */
+static void
+note_op (uint8_t *discarded, const struct mem_op *op)
+{
+  if (op->flush)
+    return;
+  for (uint64_t sec = op->offset / 512;
+       sec < (op->offset + op->len + 511) / 512; ++sec)
+    discarded[sec] = op->discard;
+}
+
+/* Does STATE (SIZE bytes) reference what DISCARDED says is garbage?  A
+ * table's cluster must hold no garbage sector, a data cluster not only
+ * garbage (packed compressed data may go back into part of a cluster
+ * that was discarded, whose other sectors no reference reads).
+ */
+static bool
+references_discarded (const uint8_t *state, uint64_t size,
+                      const uint8_t *discarded, const char *what)
+{
+  struct image_report report;
+  bool bad = false;
+
+  check_image (state, size, false, &report);
+  for (uint64_t c = 0; c < report.host_clusters && !bad; ++c) {
+    uint64_t per = report.cluster_size / 512, marked = 0;
+
+    if (report.refs[c] == 0)
+      continue;
+    for (uint64_t sec = c * per; sec < (c + 1) * per; ++sec)
+      marked += discarded[sec];
+    if (marked == per || (marked && report.role[c] != WRITE_DATA)) {
+      fprintf (stderr, "  %s: host cluster %" PRIu64 " is referenced (%u) "
+               "but %" PRIu64 " of its sectors were discarded\n", what, c,
+               report.refs[c], marked);
+      bad = true;
+    }
+  }
+  image_report_free (&report);
+  return bad;
+}
+
 /* The storage as of each flush, with every prefix and some random subsets
- * of the writes after it, is consistent.
+ * of the writes (and discards) after it, is consistent, and refers to no
+ * cluster a discard made garbage.
  */
 static void
 check_crash_states (const struct mem_io *m, uint64_t seed, const char *ctx)
 {
+  const uint64_t sectors = m->size / 512;
+  uint8_t *prefix_discarded = xcalloc (1, sectors);
+  uint8_t *discarded = xmalloc (sectors);
   unsigned failures = 0;
+  size_t applied = 0;
 
   for (size_t f = 0; f <= m->nops && failures < 3; ++f) {
     size_t next = f;
@@ -169,21 +237,83 @@ check_crash_states (const struct mem_io *m, uint64_t seed, const char *ctx)
       continue;                         /* states start after a flush */
     while (next < m->nops && !m->ops[next].flush)
       next++;
+    for (; applied < f; ++applied)
+      note_op (prefix_discarded, &m->ops[applied]);
     for (unsigned trial = 0; trial < 4 && failures < 3; ++trial) {
       uint8_t *state = mem_io_state_at (m, f);
       char what[300];
 
-      /* trial 0: nothing after the flush; 1: all of it; else a subset. */
+      memcpy (discarded, prefix_discarded, sectors);
+      /* trial 0: nothing after the flush; 1: all of it; else a subset.
+       * A discard that reached the storage left garbage.
+       */
       for (size_t i = f; i < next && trial > 0; ++i)
-        if (trial == 1 || rng (&seed) % 2)
-          memcpy (state + m->ops[i].offset, m->ops[i].data, m->ops[i].len);
+        if (trial == 1 || rng (&seed) % 2) {
+          apply_logged (state, &m->ops[i]);
+          note_op (discarded, &m->ops[i]);
+        }
       snprintf (what, sizeof what, "%s: crash after op %zu (trial %u)",
                 ctx, f, trial);
       if (!check_file (state, m->size, false, what))
         failures++;
+      else if (references_discarded (state, m->size, discarded, what)) {
+        CHECK (!"a crash state refers to a discarded cluster");
+        failures++;
+      }
       free (state);
     }
   }
+  free (discarded);
+  free (prefix_discarded);
+}
+
+/* Each discard of the log comes right after a flush (or another discard
+ * after it), and covers only clusters that the storage as of that flush
+ * counts 0 times and that nothing there references: their release was
+ * durable, and nothing was written to them since.  Returns the bytes
+ * discarded.
+ */
+static uint64_t
+check_discards (const struct mem_io *m, const char *ctx)
+{
+  uint64_t bytes = 0;
+  unsigned bad = 0;
+
+  for (size_t i = 0; i < m->nops; ++i) {
+    const struct mem_op *op = &m->ops[i];
+    struct image_report report;
+    uint8_t *state;
+    size_t j = i;
+
+    if (!op->discard)
+      continue;
+    bytes += op->len;
+    while (j > 0 && m->ops[j - 1].discard)
+      j--;
+    if (j == 0 || !m->ops[j - 1].flush) {
+      if (bad++ == 0)
+        fprintf (stderr, "  %s: discard (op %zu) not right after a flush\n",
+                 ctx, i);
+      continue;
+    }
+    state = mem_io_state_at (m, j);
+    check_image (state, m->size, false, &report);
+    for (uint64_t c = op->offset / report.cluster_size;
+         c < (op->offset + op->len) / report.cluster_size &&
+           c < report.host_clusters; ++c)
+      if ((report.refcount[c] || report.refs[c]) && bad++ == 0)
+        fprintf (stderr, "  %s: discard (op %zu) of host cluster %" PRIu64
+                 ", whose refcount is %" PRIu64 " and references %u\n",
+                 ctx, i, c, report.refcount[c], report.refs[c]);
+    if (op->offset % report.cluster_size || op->len % report.cluster_size)
+      if (bad++ == 0)
+        fprintf (stderr, "  %s: discard (op %zu) not of whole clusters\n",
+                 ctx, i);
+    image_report_free (&report);
+    free (state);
+  }
+  CHECK_EQ (bad, 0);
+  return bytes;
 }
 
 /* ---------------------------------------------------------- the order */
@@ -272,12 +402,107 @@ test_order_usual (void)
   session_close (&s);
 }
 
-/* Random work, plain and compressed: every flush's order and every crash
- * state, including the writebacks a write makes by itself when much has
- * piled up.
+/* Released clusters are discarded after the flush that made their
+ * release durable, and only then.
  */
 static void
-test_random_log (bool compress, uint64_t seed)
+test_order_discard (void)
+{
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, 4 * MiB, 8 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t *model = xcalloc (1, 4 * MiB);
+  struct session s;
+
+  opts.discard = QCOW2_DISCARD_UNMAP;
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD | MEM_IO_DISCARD,
+                              &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (model);
+    return;
+  }
+  fill_pattern (model, 256 * KiB, 8);
+  CHECK_EQ (do_write (&s, model, 256 * KiB, 0, false), 0);
+  expect_flush (&s, "B F L2 F L1 F", "data to discard later");
+  CHECK_EQ (do_trim (&s, 128 * KiB, 64 * KiB, false), 0);
+  memset (model + 64 * KiB, 0, 128 * KiB);
+  expect_flush (&s, "F L2 F B F X", "released clusters discarded");
+  CHECK_EQ (check_discards (&s.mio, "trim"), 128 * KiB);
+  /* Nothing reads the garbage the discard left. */
+  CHECK (matches_model (&s, model, 0, 4 * MiB, "after the discard"));
+  /* The discarded clusters are reused, by a write after the discard. */
+  fill_pattern (model + MiB, 128 * KiB, 9);
+  CHECK_EQ (do_write (&s, model + MiB, 128 * KiB, MiB, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  CHECK (matches_model (&s, model, 0, 4 * MiB, "after the reuse"));
+  check_crash_states (&s.mio, 4, "discard and reuse");
+  check_file (s.mio.data, s.mio.size, true, "discard and reuse");
+  CHECK (s.mio.size - s.mio.discarded_bytes >= 128 * KiB);
+  session_close (&s);
+  free (model);
+}
+
+/* qcow2-discard=ignore sends none; storage that refuses them is asked
+ * once (-EOPNOTSUPP) or each time (another error), and the image is
+ * right either way.
+ */
+static void
+test_discard_modes (void)
+{
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, 2 * MiB, 4 * MiB, 0,
+  };
+  static const struct { enum qcow2_discard mode; int err; unsigned long
+    discards; } cases[] = {
+    { QCOW2_DISCARD_IGNORE, 0, 0 },
+    { QCOW2_DISCARD_UNMAP, EOPNOTSUPP, 1 },
+    { QCOW2_DISCARD_UNMAP, EIO, 3 },
+    { QCOW2_DISCARD_UNMAP, 0, 3 },
+  };
+  uint8_t *model = xcalloc (1, 2 * MiB);
+
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+    struct qcow2_options opts = default_options;
+    struct session s;
+    char ctx[80];
+
+    snprintf (ctx, sizeof ctx, "discard mode %d, storage error %d",
+              cases[k].mode, cases[k].err);
+    opts.discard = cases[k].mode;
+    CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD | MEM_IO_DISCARD,
+                                &opts), 0);
+    if (s.conn == NULL) {
+      session_close (&s);
+      continue;
+    }
+    s.mio.discard_errno = cases[k].err;
+    memset (model, 0, 2 * MiB);
+    for (unsigned round = 0; round < 3; ++round) {
+      fill_pattern (model, 64 * KiB, 10 + round);
+      CHECK_EQ (do_write (&s, model, 64 * KiB, 0, false), 0);
+      CHECK_EQ (do_flush (&s), 0);
+      CHECK_EQ (do_zero (&s, 32 * KiB, 0, false, false), 0);
+      memset (model, 0, 32 * KiB);
+      CHECK_EQ (do_flush (&s), 0);
+    }
+    CHECK_EQ (atomic_load (&s.mio.discards), cases[k].discards);
+    CHECK_EQ (s.log.errors, 0);
+    CHECK (matches_model (&s, model, 0, 2 * MiB, ctx));
+    check_discards (&s.mio, ctx);
+    check_file (s.mio.data, s.mio.size, true, ctx);
+    session_close (&s);
+  }
+  free (model);
+}
+
+/* Random work, plain and compressed: every flush's order and every crash
+ * state, including the writebacks a write makes by itself when much has
+ * piled up; with DISCARD, released clusters are discarded too.
+ */
+static void
+test_random_log (bool compress, bool discard, uint64_t seed)
 {
   const struct new_image spec = {
     3, 10, compress ? 2 : 4, QCOW2_COMPRESSION_ZSTD, 2 * MiB, 8 * MiB, 0,
@@ -290,10 +515,13 @@ test_random_log (bool compress, uint64_t seed)
   int *kind;
   char ctx[100];
 
-  snprintf (ctx, sizeof ctx, "random log, %scompressing, seed %" PRIu64,
-            compress ? "" : "not ", seed);
+  snprintf (ctx, sizeof ctx, "random log, %scompressing,%s seed %" PRIu64,
+            compress ? "" : "not ", discard ? " discarding," : "", seed);
   opts.compress = compress;
-  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  opts.discard = discard ? QCOW2_DISCARD_UNMAP : QCOW2_DISCARD_IGNORE;
+  CHECK_EQ (session_open_new (&s, &spec,
+                              MEM_IO_RECORD | (discard ? MEM_IO_DISCARD : 0),
+                              &opts), 0);
   if (s.conn == NULL) {
     session_close (&s);
     free (buf);
@@ -327,6 +555,8 @@ test_random_log (bool compress, uint64_t seed)
   check_dependencies (&s.mio, kind, ctx);
   check_crash_states (&s.mio, seed, ctx);
   check_file (s.mio.data, s.mio.size, true, ctx);
+  if (discard)
+    CHECK (check_discards (&s.mio, ctx) > 0);
   free (kind);
   session_close (&s);
   free (buf);
@@ -474,12 +704,16 @@ test_in_place (void)
 /* Writers own the guest clusters k with k % 4 == their index; clusters
  * with k % 4 == 3 hold data written before the threads start, which a
  * reader keeps reading.  All of them share L2 tables and refcount
- * blocks, and a flusher writes the metadata back meanwhile.
+ * blocks, and a flusher writes the metadata back meanwhile.  With SPACE,
+ * released clusters are discarded (a discarded range reads as garbage)
+ * and whole clusters of zeros written become zero clusters that keep
+ * their host cluster, which later writes fill in place.
  */
 struct concurrent {
   struct session *s;
   uint8_t *model;
   uint64_t C, vsize;
+  bool space;
   atomic_int writers_left;
   atomic_ulong wrong_reads;
 };
@@ -518,6 +752,8 @@ writer_thread (void *arg)
       break;
     default:
       fill_pattern (buf, len, a->id * 10000 + i);
+      if (c->space && rng (&seed) % 3 == 0)
+        memset (buf, 0, len);
       CHECK_EQ (do_write (c->s, buf, len, k * c->C + off, fua), 0);
       memcpy (c->model + k * c->C + off, buf, len);
       break;
@@ -561,7 +797,7 @@ flusher_thread (void *arg)
 }
 
 static void
-test_concurrent (bool compress)
+test_concurrent (bool compress, bool space)
 {
   /* 1 KiB clusters: 128 to an L2 table, 16 tables. */
   const struct new_image spec = {
@@ -569,16 +805,22 @@ test_concurrent (bool compress)
   };
   struct qcow2_options opts = default_options;
   unsigned long before = atomic_load (&unit_failures);
-  struct concurrent c = { .C = 1024, .vsize = 2 * MiB };
+  struct concurrent c = { .C = 1024, .vsize = 2 * MiB, .space = space };
   struct concurrent_arg args[WRITERS];
   pthread_t writers[WRITERS], reader, flusher;
   struct session s;
   char ctx[80];
 
-  snprintf (ctx, sizeof ctx, "concurrent, %scompressing",
-            compress ? "" : "not ");
+  snprintf (ctx, sizeof ctx, "concurrent, %scompressing%s",
+            compress ? "" : "not ", space ? ", discards, written zeros" : "");
   opts.compress = compress;
-  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (space) {
+    opts.discard = QCOW2_DISCARD_UNMAP;
+    opts.detect_zeroes = QCOW2_DETECT_ZEROES_ON;
+  }
+  CHECK_EQ (session_open_new (&s, &spec,
+                              MEM_IO_RECORD | (space ? MEM_IO_DISCARD : 0),
+                              &opts), 0);
   if (s.conn == NULL) {
     session_close (&s);
     return;
@@ -608,6 +850,8 @@ test_concurrent (bool compress)
   CHECK (file_matches_model (s.mio.durable, s.mio.size, c.model, c.vsize,
                              ctx));
   check_crash_states (&s.mio, compress ? 5 : 6, ctx);
+  if (space)
+    CHECK (atomic_load (&s.mio.discards) > 0);
   CHECK_EQ (s.log.errors, 0);
   session_close (&s);
   free (c.model);
@@ -831,14 +1075,18 @@ main (void)
 {
   test_order_all_steps ();
   test_order_usual ();
+  test_order_discard ();
+  test_discard_modes ();
   for (uint64_t seed = 1; seed <= unit_rounds (3); ++seed) {
-    test_random_log (false, seed * 104729);
-    test_random_log (true, seed * 1299709);
+    test_random_log (false, seed % 3 == 2, seed * 104729);
+    test_random_log (true, seed % 3 != 2, seed * 1299709);
   }
   test_durability ();
   test_in_place ();
-  test_concurrent (false);
-  test_concurrent (true);
+  test_concurrent (false, false);
+  test_concurrent (true, false);
+  test_concurrent (false, true);
+  test_concurrent (true, true);
   test_first_change ();
   test_reclaim_plain ();
   test_reclaim_compressed ();

@@ -3,7 +3,8 @@
 # Compare the extents (base:allocation) the filter reports with those of
 # qemu-nbd serving the same image, for images with data, holes, zero
 # clusters and compressed clusters (64k, 4k, 512 and 2M clusters;
-# uncompressed, zlib, zstd; v3 and v2).
+# uncompressed, zlib, zstd; v3 and v2), a backing chain of three and a
+# sparse disk of 256 TiB.
 #
 # The filter's semantics: unallocated and zero clusters are "hole,zero"
 # (type 3); normal and compressed clusters are "data" (type 0).
@@ -41,8 +42,7 @@ else
     done
 fi
 if [ ${#NBDSH[@]} -eq 0 ]; then
-    echo "$0: skipped: nbdsh cannot import the nbd python module"
-    exit 77
+    skip "nbdsh cannot import the nbd python module"
 fi
 
 W=$TMPDIR_TEST
@@ -351,6 +351,46 @@ qemu-img create -q -f qcow2 -o compat=1.1,cluster_size=65536,preallocation=metad
 qemu-io -f qcow2 -c "write -P 0x51 64k 64k" -c "write -z 512k 128k" \
     "$img" >/dev/null
 check_map "64k preallocation=metadata (qemu: data,zero from host sparseness)" "$img"
+
+# A chain of three: a raw file with holes under a qcow2 image (data, zero
+# clusters, compressed clusters, discards) under a larger qcow2 overlay.
+# What the overlay does not allocate reports what the chain below reports
+# for it, hole and zero where no layer has data (past the end of the
+# shorter images too), as qemu-nbd reports the chain.
+truncate -s 6M "$W/chain-base.raw"
+put "$W/chain-base.raw" 196608 "$W/rnd" 0 327680
+put "$W/chain-base.raw" 4096000 "$W/text" 0 12288
+put "$W/chain-base.raw" 5242880 "$W/rnd" 7 100000
+qemu-img create -q -f qcow2 -o cluster_size=65536 -b chain-base.raw -F raw \
+    "$W/chain-mid.qcow2" 8M
+qemu-io -f qcow2 \
+    -c "write -P 0x61 1M 256k" \
+    -c "write -z 3M 128k" \
+    -c "write -c -s $W/text 4M 64k" \
+    -c "write -P 0x62 5M 100k" \
+    -c "discard 1216k 64k" \
+    "$W/chain-mid.qcow2" >/dev/null
+qemu-img create -q -f qcow2 -o cluster_size=65536 -b chain-mid.qcow2 \
+    -F qcow2 "$W/chain-top.qcow2" 12M
+qemu-io -f qcow2 \
+    -c "write -P 0x63 0 64k" \
+    -c "write -z 1M 64k" \
+    -c "write -P 0x64 7M 2M" \
+    -c "write -z 5M 64k" \
+    "$W/chain-top.qcow2" >/dev/null
+check_map "a chain of three: raw with holes, qcow2, qcow2 overlay" \
+    "$W/chain-top.qcow2"
+
+# 256 TiB with a few hundred clusters written far apart: the map costs
+# what is allocated, not the size of the disk (nothing times it here;
+# bench/bench-map.sh does).
+qemu-img create -q -f qcow2 "$W/huge.qcow2" 256T
+args=()
+for i in $(seq 0 199); do
+    args+=(-c "write -P $((i % 200 + 1)) $((i * 1310 * (1 << 30) + i * 65536)) 64k")
+done
+qemu-io -f qcow2 "${args[@]}" "$W/huge.qcow2" >/dev/null
+check_map "256 TiB, 200 clusters written" "$W/huge.qcow2"
 
 # Virtual size 0: empty maps.
 img=$W/empty.qcow2

@@ -97,6 +97,12 @@ for key in qcow2-l2-cache-size qcow2-cluster-cache-size; do
         bad_param "$key=$v"
     done
 done
+for v in yes trim '' UNMAP; do
+    bad_param "qcow2-discard=$v"
+done
+for v in yes 1 '' discard; do
+    bad_param "qcow2-detect-zeroes=$v"
+done
 
 # ------------------------------------------------------------ good values
 # good_params IMAGE NBDCOPY-ARGS PARAMS...: the image, served with
@@ -151,6 +157,11 @@ for p in qcow2-threads=1 qcow2-threads=4 qcow2-request-size=64K \
          qcow2-request-size=64M qcow2-l2-cache-size=64K; do
     good_params zstd "" "$p"
     good_params zlib "" "$p"
+done
+for p in qcow2-discard=unmap qcow2-discard=ignore qcow2-discard=on \
+         qcow2-discard=off qcow2-detect-zeroes=off qcow2-detect-zeroes=on \
+         qcow2-detect-zeroes=unmap; do
+    good_params zstd "" "$p"
 done
 # Everything small at once, with small requests from the client so that
 # partial clusters go through the (absent) caches.

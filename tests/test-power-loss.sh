@@ -7,8 +7,11 @@
 # made durable (tests/power-loss-check.py says how they are made).  For
 # both forms: qcow2-create and the first writes into the image it made,
 # first writes into a new image, copy-on-write of compressed clusters,
-# compressed writes, refcount table growth, and the reuse of freed
-# clusters in a file that is full.
+# compressed writes, refcount table growth, the reuse of freed
+# clusters in a file that is full, and released clusters discarded in
+# the storage (trims to the recording plugin, holes punched and the file
+# cut by the plugin form), after which no crash state may refer to a
+# discarded range.
 source "${top_srcdir:-.}/tests/functions.sh"
 source "$top_srcdir/tests/power-loss-functions.sh"
 requires qemu-img qemu-io
@@ -119,4 +122,21 @@ for form in filter plugin; do
     [ "$size_after" -le $((size_before + span + 4 * 65536)) ] ||
         fail "$name: the file grew to $size_after bytes: freed clusters were not reused"
     power_loss_check $name $((16 * M)) --states "$STATES" --seed 6
+
+    # 7. Released clusters discarded: trims, zero requests and rewrites
+    # of parts of (compressed) clusters, then the whole disk trimmed (the
+    # plugin form cuts its file) and written again.  A discard is data
+    # lost: the checker rebuilds it as garbage and refuses any state
+    # that refers to it.
+    for compress in false true; do
+        name=$form-discard-$compress
+        rm -f img.qcow2
+        qemu-img create -q -f qcow2 -o cluster_size=65536 img.qcow2 8M
+        [ $form = filter ] && truncate -s +12M img.qcow2
+        power_loss_run $name $form img.qcow2 discard 65536 7 0 \
+            qcow2-compress=$compress
+        extra=(--expect-discards)
+        [ $form = plugin ] && extra+=(--expect-cut)
+        power_loss_check $name $((8 * M)) --states "$STATES" --seed 7 "${extra[@]}"
+    done
 done

@@ -36,8 +36,7 @@ else
     done
 fi
 if [ ${#NBDSH[@]} -eq 0 ]; then
-    echo "$0: skipped: nbdsh cannot import the nbd python module"
-    exit 77
+    skip "nbdsh cannot import the nbd python module"
 fi
 
 W=$TMPDIR_TEST

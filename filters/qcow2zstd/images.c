@@ -90,6 +90,31 @@ next_flush (void *opaque)
   return 0;
 }
 
+/* Released clusters, passed on as trims where the plugin takes them
+ * (nbdkit's file plugin punches holes).
+ */
+int
+next_discard (void *opaque, uint64_t count, uint64_t offset)
+{
+  nbdkit_next *next = opaque;
+  int err = 0;
+  int can_trim = next->can_trim (next);
+
+  /* nbdkit asserts on a trim to a plugin that did not say it takes them. */
+  if (can_trim == -1)
+    return -EIO;
+  if (can_trim == 0)
+    return -EOPNOTSUPP;
+  while (count > 0) {
+    uint32_t n = count > (UINT32_C (1) << 30) ? UINT32_C (1) << 30 : count;
+    if (next->trim (next, n, offset, 0, &err) == -1)
+      return -(err ? err : EIO);
+    offset += n;
+    count -= n;
+  }
+  return 0;
+}
+
 int64_t
 next_size (void *opaque)
 {

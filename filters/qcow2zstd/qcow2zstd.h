@@ -33,8 +33,9 @@ int next_pread (void *opaque, void *buf, size_t count, uint64_t offset);
 int next_pwrite (void *opaque, const void *buf, size_t count, uint64_t offset);
 int next_flush (void *opaque);
 int64_t next_size (void *opaque);
+int next_discard (void *opaque, uint64_t count, uint64_t offset);
 #define IO_FOR(next) \
   { .opaque = (next), .pread = next_pread, .pwrite = next_pwrite, \
-    .flush = next_flush, .size = next_size }
+    .flush = next_flush, .size = next_size, .discard = next_discard }
 
 #endif /* QCOW2ZSTD_FILTER_H */

@@ -6,6 +6,9 @@
  * refcount of at least 1), they must still after the sequence and a
  * final flush.
  *
+ * Released clusters are discarded (bit 1 of the second byte), whole
+ * clusters of zeros written detected (the next bits).
+ *
  * Input: 64 bytes of operations (8 of 8 bytes each), then the image.
  */
 #include <config.h>
@@ -124,10 +127,14 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     return 0;
   /* The engine must stay inside size() and off the pool's threads. */
   mem_io_init (&file, data + OPS_BYTES, size - OPS_BYTES,
-               size - OPS_BYTES + ROOM, MEM_IO_WRITABLE | MEM_IO_ABORT);
+               size - OPS_BYTES + ROOM,
+               MEM_IO_WRITABLE | MEM_IO_ABORT | MEM_IO_DISCARD);
   mem_io_engine_call = true;
   opts.threads = data[0] % 2;
   opts.compress = data[1] & 1;
+  /* Discarded bytes read as garbage: reading them back would show. */
+  opts.discard = data[1] & 2 ? QCOW2_DISCARD_UNMAP : QCOW2_DISCARD_IGNORE;
+  opts.detect_zeroes = (data[1] >> 2) % 3;
 
   if (qcow2_image_open (io, &log, &opts, &img) < 0)
     goto out;

@@ -67,10 +67,33 @@ mem_pread (void *opaque, void *buf, size_t count, uint64_t offset)
   return 0;
 }
 
+uint8_t
+mem_io_garbage (uint64_t offset)
+{
+  return 0xd5 ^ (uint8_t) (offset * 131 + (offset >> 9));
+}
+
+static void
+fill_garbage (uint8_t *dst, uint64_t offset, size_t len)
+{
+  for (size_t i = 0; i < len; ++i)
+    dst[i] = mem_io_garbage (offset + i);
+}
+
+/* Apply logged op W (a write or a discard) to STATE. */
+static void
+apply_op (uint8_t *state, const struct mem_op *w)
+{
+  if (w->discard)
+    fill_garbage (state + w->offset, w->offset, w->len);
+  else if (!w->flush)
+    memcpy (state + w->offset, w->data, w->len);
+}
+
 /* With m->lock held, so that the log's order is the storage's. */
 static void
-log_op (struct mem_io *m, bool flush, const void *buf, size_t count,
-        uint64_t offset)
+log_op (struct mem_io *m, bool flush, bool discard, const void *buf,
+        size_t count, uint64_t offset)
 {
   struct mem_op *op;
 
@@ -86,21 +109,18 @@ log_op (struct mem_io *m, bool flush, const void *buf, size_t count,
   }
   op = &m->ops[m->nops++];
   op->flush = flush;
+  op->discard = discard;
   op->offset = offset;
   op->len = count;
   op->data = NULL;
-  if (!flush) {
+  if (!flush && !discard) {
     op->data = xmalloc (count);
     memcpy (op->data, buf, count);
   }
-  else {
-    /* What every write before this flush made is durable now. */
-    for (; m->durable_ops < m->nops; m->durable_ops++) {
-      const struct mem_op *w = &m->ops[m->durable_ops];
-      if (!w->flush)
-        memcpy (m->durable + w->offset, w->data, w->len);
-    }
-  }
+  /* A discard may reach the medium at once; a write only by a flush. */
+  if (flush || discard)
+    for (; m->durable_ops < m->nops; m->durable_ops++)
+      apply_op (m->durable, &m->ops[m->durable_ops]);
 }
 
 static int
@@ -116,7 +136,7 @@ mem_pwrite (void *opaque, const void *buf, size_t count, uint64_t offset)
     return -m->write_fail_errno;
   pthread_mutex_lock (&m->lock);
   memcpy (m->data + offset, buf, count);
-  log_op (m, false, buf, count, offset);
+  log_op (m, false, false, buf, count, offset);
   pthread_mutex_unlock (&m->lock);
   return 0;
 }
@@ -129,8 +149,26 @@ mem_flush (void *opaque)
   atomic_fetch_add (&m->flushes, 1);
   allowed (m, "flush", 0, 0);
   pthread_mutex_lock (&m->lock);
-  log_op (m, true, NULL, 0, 0);
+  log_op (m, true, false, NULL, 0, 0);
   pthread_mutex_unlock (&m->lock);
+  return 0;
+}
+
+static int
+mem_discard (void *opaque, uint64_t count, uint64_t offset)
+{
+  struct mem_io *m = opaque;
+
+  atomic_fetch_add (&m->discards, 1);
+  if (!allowed (m, "discard", offset, count))
+    return -EIO;
+  if (m->discard_errno)
+    return -m->discard_errno;
+  pthread_mutex_lock (&m->lock);
+  fill_garbage (m->data + offset, offset, count);
+  log_op (m, false, true, NULL, count, offset);
+  pthread_mutex_unlock (&m->lock);
+  atomic_fetch_add (&m->discarded_bytes, count);
   return 0;
 }
 
@@ -160,6 +198,8 @@ mem_io_init (struct mem_io *m, const uint8_t *data, size_t len,
   if (flags & MEM_IO_WRITABLE) {
     m->io.pwrite = mem_pwrite;
     m->io.flush = mem_flush;
+    if (flags & MEM_IO_DISCARD)
+      m->io.discard = mem_discard;
   }
   pthread_mutex_init (&m->lock, NULL);
   if (flags & MEM_IO_RECORD) {
@@ -210,8 +250,7 @@ mem_io_state_at (const struct mem_io *m, size_t nops)
 
   memcpy (state, m->initial, m->size);
   for (size_t i = 0; i < nops && i < m->nops; ++i)
-    if (!m->ops[i].flush)
-      memcpy (state + m->ops[i].offset, m->ops[i].data, m->ops[i].len);
+    apply_op (state, &m->ops[i]);
   return state;
 }
 

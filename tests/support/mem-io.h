@@ -7,9 +7,10 @@
  * that called into the engine (never a pool worker), and no pwrite or
  * flush on read-only storage (they are NULL there, as the contract
  * says).  It counts what the engine does, can be told to fail, and can
- * record every write and flush in order: the log of a flush can then be
- * checked against the order the write path promises, and the storage
- * rebuilt as it was at any point (what a crash would leave).
+ * record every write, flush and discard in order: the log of a flush can
+ * then be checked against the order the write path promises, and the
+ * storage rebuilt as it was at any point (what a crash would leave).  A
+ * discarded range reads as garbage from then on.
  */
 #ifndef QCOW2ZSTD_TEST_MEM_IO_H
 #define QCOW2ZSTD_TEST_MEM_IO_H
@@ -32,15 +33,22 @@ enum {
   MEM_IO_RECORD = 2,            /* keep the log of writes and flushes */
   MEM_IO_ABORT = 4,             /* abort () on a broken contract (fuzzers) */
   MEM_IO_ANY_THREAD = 8,        /* do not check the calling thread */
+  MEM_IO_DISCARD = 16,          /* discard (with MEM_IO_WRITABLE), else NULL */
 };
 
-/* One write or flush, in the order the engine made them. */
+/* One write, flush or discard, in the order the engine made them. */
 struct mem_op {
   bool flush;
+  bool discard;                 /* LEN bytes at OFFSET became garbage */
   uint64_t offset;
   size_t len;
   uint8_t *data;                /* a copy of what was written */
 };
+
+/* What a discarded byte at OFFSET reads as: garbage, never zeros, so
+ * that a read of discarded bytes cannot pass for a hole.
+ */
+uint8_t mem_io_garbage (uint64_t offset);
 
 struct mem_io {
   struct qcow2_io io;
@@ -58,8 +66,12 @@ struct mem_io {
   int write_fail_errno;
   uint64_t write_fail_from, write_fail_to;
 
+  /* A discard fails with this, if set (-EOPNOTSUPP: cannot discard). */
+  int discard_errno;
+
   /* What the engine did. */
-  atomic_ulong preads, pwrites, flushes;
+  atomic_ulong preads, pwrites, flushes, discards;
+  atomic_ulong discarded_bytes;
   atomic_ulong largest;         /* largest pread so far */
   atomic_ulong outside;         /* I/O beyond the storage: contract broken */
   atomic_ulong wrong_thread;    /* I/O from a thread not in the engine */
@@ -87,7 +99,7 @@ void mem_io_free (struct mem_io *m);
 void mem_io_log_reset (struct mem_io *m);
 
 /* A new buffer of m->size bytes: the initial storage with the first
- * NOPS logged writes applied.  Free it with free ().
+ * NOPS logged writes (and discards) applied.  Free it with free ().
  */
 uint8_t *mem_io_state_at (const struct mem_io *m, size_t nops);
 
