@@ -2,7 +2,8 @@
 /* qcow2zstd engine: formatting storage as a new qcow2 image.
  *
  * Layout, as qemu-img create lays out a new image: the header in cluster
- * 0, the refcount table from cluster 1, the L1 table after it.  The
+ * 0, the refcount table from cluster 1, the L1 table after it, and for a
+ * LUKS-encrypted image the LUKS area after that.  The
  * refcount blocks are made by the ordinary allocator when the metadata
  * clusters are counted, so there is one code path for refcounts.
  *
@@ -19,8 +20,11 @@
 
 #include "qcow2-types.h"
 #include "qcow2-alloc.h"
+#include "qcow2-crypto.h"
+#include "qcow2-encrypt.h"
 #include "qcow2-endian.h"
 #include "qcow2-hostio.h"
+#include "qcow2-luks.h"
 #include "qcow2-writeback.h"
 
 /* qemu 7.2 writes 112-byte v3 headers: 104 + compression type + padding. */
@@ -29,6 +33,10 @@
  * the smallest cluster there is.
  */
 #define HEADER_WRITE_BYTES 512
+/* The master key of aes-256-xts-plain64, the cipher of new LUKS images:
+ * two 256-bit keys.
+ */
+#define CREATE_KEY_BYTES 64
 
 static void
 create_error (const struct qcow2_log *log, const char *msg)
@@ -80,7 +88,12 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   const uint64_t cluster_size = UINT64_C (1) << bits;
   uint64_t l2_coverage, l1_size, l1_clusters, rt_entries, rt_clusters;
   uint64_t host_clusters, meta_clusters, c, pos;
-  uint8_t *buf = NULL;
+  uint64_t area_first = 0, area_clusters = 0;
+  uint8_t *buf = NULL, *area = NULL;
+  size_t area_len = 0;
+  uint8_t master_key[QCOW2_CRYPTO_MAX_KEY_BYTES];
+  struct qcow2_key_cache *own_cache = NULL;
+  struct qcow2_options open_opts = *opts;
   char msg[512];
   int64_t device_size;
   struct qcow2_image *img = NULL;
@@ -111,6 +124,9 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   rt_entries = (host_clusters + cluster_size / 2 - 1) / (cluster_size / 2) + 1;
   rt_clusters = (rt_entries * 8 + cluster_size - 1) / cluster_size;
   meta_clusters = 1 + rt_clusters + l1_clusters;
+  buf = calloc (1, cluster_size);
+  if (buf == NULL)
+    return -ENOMEM;
   /* The metadata, a refcount block, and one cluster of data at least. */
   if (!opts->growable && host_clusters < meta_clusters + 2) {
     snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
@@ -118,12 +134,10 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
               " bytes at least); make it larger (for a file: truncate -s "
               "SIZE FILE)", device_size, (meta_clusters + 2) << bits);
     create_error (log, msg);
-    return -ENOSPC;
+    r = -ENOSPC;
+    goto out;
   }
 
-  buf = calloc (1, cluster_size);
-  if (buf == NULL)
-    return -ENOMEM;
   r = io->pread (io->opaque, buf, cluster_size, 0);
   if (r < 0) {
     create_error (log, "qcow2-create: cannot read the first cluster of the "
@@ -138,6 +152,42 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
     goto out;
   }
 
+  /* A LUKS image's area (its header and key slot 0) goes after the L1
+   * table, as qemu-img puts it.  Making it runs PBKDF2 for iter-time, so
+   * it comes after the checks that need no time.
+   */
+  if (create->encrypt) {
+    struct qcow2_luks_create_params params = {
+      .iter_time_ms = create->iter_time_ms,
+    };
+    if (opts->passphrase == NULL) {
+      create_error (log, "qcow2-encrypt-format: a LUKS image needs its "
+                    "passphrase: qcow2-passphrase=SECRET");
+      r = -EINVAL;
+      goto out;
+    }
+    if (qcow2_luks_create (&params, opts->passphrase,
+                           strlen (opts->passphrase), &area, &area_len,
+                           master_key, msg, sizeof msg) == -1) {
+      create_error (log, msg);
+      r = -EINVAL;
+      goto out;
+    }
+    area_clusters = (area_len + cluster_size - 1) / cluster_size;
+    area_first = meta_clusters;
+    meta_clusters += area_clusters;
+  }
+  /* The metadata, a refcount block, and one cluster of data at least. */
+  if (!opts->growable && host_clusters < meta_clusters + 2) {
+    snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
+              " bytes) is too small for the image's metadata (%" PRIu64
+              " bytes at least); make it larger (for a file: truncate -s "
+              "SIZE FILE)", device_size, (meta_clusters + 2) << bits);
+    create_error (log, msg);
+    r = -ENOSPC;
+    goto out;
+  }
+
   /* Clear the refcount table and L1 table, make that durable, and only
    * then write the header that gives them meaning.  Clusters that read
    * as zeros already are left alone: on a sparse file, writing them
@@ -145,6 +195,18 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
    * to be written up to the end of the tables.
    */
   for (c = 1; c < meta_clusters; ++c) {
+    if (c >= area_first && c < area_first + area_clusters) {
+      /* The area, and zeros to the end of its last cluster. */
+      uint64_t done = (c - area_first) << bits;
+      uint64_t n = area_len - done < cluster_size ? area_len - done
+        : cluster_size;
+      memset (buf, 0, cluster_size);
+      memcpy (buf, area + done, n);
+      r = io->pwrite (io->opaque, buf, cluster_size, c << bits);
+      if (r < 0)
+        goto write_failed;
+      continue;
+    }
     if (((c + 1) << bits) <= (uint64_t) device_size) {
       r = io->pread (io->opaque, buf, cluster_size, c << bits);
       if (r < 0) {
@@ -177,6 +239,13 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   put_be32 (buf + 96, 4);
   put_be32 (buf + 100, CREATE_HEADER_LENGTH);
   buf[104] = create->compression_type;
+  if (create->encrypt) {
+    put_be32 (buf + 32, 2);                     /* crypt_method: LUKS */
+    put_be32 (buf + CREATE_HEADER_LENGTH, QCOW2_EXT_CRYPTO);
+    put_be32 (buf + CREATE_HEADER_LENGTH + 4, 16);
+    put_be64 (buf + CREATE_HEADER_LENGTH + 8, area_first << bits);
+    put_be64 (buf + CREATE_HEADER_LENGTH + 16, area_len);
+  }
   /* The rest of the first cluster was checked to be zeros above. */
   r = io->pwrite (io->opaque, buf, HEADER_WRITE_BYTES, 0);
   if (r == 0)
@@ -184,9 +253,22 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   if (r < 0)
     goto write_failed;
 
-  r = qcow2_image_open (io, log, opts, &img);
+  /* The new image opens with the key just made, not with a second run
+   * of PBKDF2: through the caller's key cache, or one of its own.
+   */
+  if (create->encrypt) {
+    if (open_opts.key_cache == NULL &&
+        (open_opts.key_cache = own_cache = qcow2_key_cache_new ()) == NULL) {
+      r = -ENOMEM;
+      goto out;
+    }
+    qcow2_key_cache_put (open_opts.key_cache, area, area_len,
+                         opts->passphrase, master_key, CREATE_KEY_BYTES);
+  }
+  r = qcow2_image_open (io, log, &open_opts, &img);
   if (r < 0)
     goto out;
+  img->opts.key_cache = opts->key_cache;
   pthread_rwlock_wrlock (&img->lock);
   for (pos = 0; pos < meta_clusters && r == 0; ++pos)
     r = qcow2_alloc_reference (img, io, pos);
@@ -198,11 +280,12 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
     goto out;
   }
   qcow2_debug (img, "created a qcow2 v3 image: virtual size %" PRIu64
-               ", cluster size %" PRIu64 ", %s, %" PRIu64 " bytes of "
+               ", cluster size %" PRIu64 ", %s%s, %" PRIu64 " bytes of "
                "metadata, room for %" PRIu64 " clusters",
                create->virtual_size, cluster_size,
                create->compression_type == QCOW2_COMPRESSION_ZSTD
                ? "zstd" : "zlib",
+               create->encrypt ? ", LUKS-encrypted (aes-256-xts-plain64)" : "",
                meta_clusters << bits, host_clusters - meta_clusters);
   *imagep = img;
   r = 0;
@@ -211,6 +294,9 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
  write_failed:
   create_error (log, "qcow2-create: writing the new image failed");
  out:
+  qcow2_key_cache_free (own_cache);
+  qcow2_wipe (master_key, sizeof master_key);
+  free (area);
   free (buf);
   return r;
 }

@@ -31,10 +31,12 @@
 #include <stdint.h>
 
 #include "qcow2.h"
+#include "qcow2-crypto.h"
 #include "qcow2-pool.h"
 #include "qcow2-tablemap.h"
 
 struct qcow2_cache;
+struct qcow2_sector_cipher;
 struct qcow2_decoder;
 struct qcow2_encoder;
 struct backing;
@@ -80,6 +82,17 @@ struct allocator {
   size_t npending, pending_cap;
 };
 
+/* A LUKS-encrypted image's key and where its LUKS area lies (written by
+ * qcow2-encrypt.c when the image opens; read by whoever makes a sector
+ * cipher: the connections' threads and the image's write scratch).
+ */
+struct image_crypt {
+  bool enabled;
+  struct qcow2_cipher_spec spec;
+  uint8_t master_key[QCOW2_CRYPTO_MAX_KEY_BYTES];
+  uint64_t area_offset, area_length;  /* host bytes of the LUKS area */
+};
+
 struct qcow2_image {
   struct qcow2_header header;
   struct qcow2_log log;
@@ -116,6 +129,14 @@ struct qcow2_image {
   uint8_t *wbuf;              /* one cluster */
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
+  struct qcow2_sector_cipher *wcipher;  /* encrypted images only */
+
+  /* Encryption (crypt_method 2), and the internal snapshot served
+   * instead of the active disk: then the header's l1_size and
+   * l1_table_offset are the snapshot's, and the image is read-only.
+   */
+  struct image_crypt crypt;
+  bool serving_snapshot;
 
   /* The backing file (qcow2-backing.c), NULL when unallocated clusters
    * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros
@@ -175,8 +196,25 @@ struct cluster_map {
  */
 struct thread_state {
   struct qcow2_decoder *dec;
+  struct qcow2_sector_cipher *cipher;   /* encrypted images only */
   uint8_t *scratch;             /* one cluster */
   char err[256];
+};
+
+/* Host sectors of an encrypted image to encrypt or decrypt in place on a
+ * connection's pool, a job per JOB_BYTES (qcow2-encrypt.c).
+ */
+struct sector_batch {
+  struct qcow2_batch batch;
+  struct qcow2_image *img;
+  uint8_t *buf;
+  uint64_t len;
+  uint64_t host_offset;         /* of BUF's first byte: the IVs' source */
+  uint64_t job_bytes;
+  bool encrypt;
+  bool in_flight;
+  _Atomic int failed;
+  char errmsg[400];
 };
 
 /* One compressed cluster to decode (qcow2-chunk.c). */
@@ -227,6 +265,13 @@ struct request {
   /* A pending run of host-contiguous normal clusters. */
   uint8_t *run_dst;
   uint64_t run_host, run_len;
+
+  /* Encrypted images: the run being decrypted on the pool while the
+   * next one is read, and for writes, request_size bytes to encrypt the
+   * client's data into (made on first use).
+   */
+  struct sector_batch crypt;
+  uint8_t *crypt_buf;
 };
 
 /* A batch of whole clusters to compress on the image's compressor
