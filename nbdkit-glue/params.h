@@ -47,6 +47,10 @@ int params_add_extent (void *extents, uint64_t offset, uint64_t length,
   "qcow2-compression-type=zlib|zstd  Of a created image (default zstd).\n" \
   "qcow2-compress=BOOL            Store whole-cluster writes compressed.\n" \
   "qcow2-compression-level=N      zlib 1-9 (default 5), zstd 1-22 (default 3).\n" \
-  "qcow2-backing=PATH             The backing file (default: the image's own)."
+  "qcow2-backing=PATH             The backing file (default: the image's own).\n" \
+  "qcow2-passphrase=SECRET        Of a LUKS image (- to prompt, +FILE, -FD).\n" \
+  "qcow2-encrypt-format=luks      Encrypt a created image (with qcow2-passphrase).\n" \
+  "qcow2-encrypt-iter-time=MS     PBKDF2 time of its key slot (default 2000).\n" \
+  "qcow2-snapshot=NAME|ID         Serve this internal snapshot, read-only."
 
 #endif /* QCOW2ZSTD_PARAMS_H */

@@ -118,7 +118,8 @@ open_engine (nbdkit_next *next, const char *exportname, bool writable,
   struct created *c;
   int r;
 
-  opts.writable = writable;
+  /* A snapshot is served read-only, so the export is too. */
+  opts.writable = writable && opts.snapshot == NULL;
   if (!create_requested || was_created (exportname))
     return qcow2_image_open (&io, &engine_log, &opts, engine);
 

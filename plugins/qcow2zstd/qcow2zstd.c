@@ -104,6 +104,8 @@ open_image (int readonly)
   struct qcow2_options opts = engine_options;
   int r, fd;
 
+  /* A snapshot is served read-only, and its file may be read-only. */
+  readonly |= opts.snapshot != NULL;
   opts.writable = !readonly;
   if (create_requested && !created && !readonly) {
     /* qcow2-create makes the file if it is not there. */
