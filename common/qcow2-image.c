@@ -272,11 +272,10 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   r = qcow2_encrypt_open (img, io, first, first_len);
   if (r < 0)
     goto fail;
-  if (opts->passphrase && !img->crypt.enabled && opts->backing_depth == 0) {
-    qcow2_error (img, "qcow2-passphrase: the image is not encrypted");
-    r = -EINVAL;
-    goto fail;
-  }
+  /* qemu too takes a secret for an image that has no use for it. */
+  if (opts->passphrase && !img->crypt.enabled && opts->backing_depth == 0)
+    qcow2_debug (img, "qcow2-passphrase: the image is not encrypted: "
+                 "the passphrase is not used");
   free (first);
   first = NULL;
 
