@@ -128,6 +128,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   mem_io_engine_call = true;
   opts.threads = data[0] % 2;
   opts.compress = data[1] & 1;
+  opts.passphrase = "fuzz";           /* for an encrypted image */
 
   if (qcow2_image_open (io, &log, &opts, &img) < 0)
     goto out;
