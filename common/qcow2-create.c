@@ -51,6 +51,25 @@ all_zero (const uint8_t *p, size_t len)
   return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
 }
 
+/* Does the device hold the metadata, a refcount block, and one cluster
+ * of data at least?  0, or -ENOSPC after saying how much it needs.
+ */
+static int
+check_room (const struct qcow2_log *log, const struct qcow2_options *opts,
+            int64_t device_size, uint64_t meta_clusters, uint32_t bits)
+{
+  char msg[512];
+
+  if (opts->growable || ((uint64_t) device_size >> bits) >= meta_clusters + 2)
+    return 0;
+  snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
+            " bytes) is too small for the image's metadata (%" PRIu64
+            " bytes at least); make it larger (for a file: truncate -s "
+            "SIZE FILE)", device_size, (meta_clusters + 2) << bits);
+  create_error (log, msg);
+  return -ENOSPC;
+}
+
 int
 qcow2_create_validate (const struct qcow2_create_options *create,
                        char *errbuf, size_t errlen)
@@ -127,16 +146,9 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   buf = calloc (1, cluster_size);
   if (buf == NULL)
     return -ENOMEM;
-  /* The metadata, a refcount block, and one cluster of data at least. */
-  if (!opts->growable && host_clusters < meta_clusters + 2) {
-    snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
-              " bytes) is too small for the image's metadata (%" PRIu64
-              " bytes at least); make it larger (for a file: truncate -s "
-              "SIZE FILE)", device_size, (meta_clusters + 2) << bits);
-    create_error (log, msg);
-    r = -ENOSPC;
+  r = check_room (log, opts, device_size, meta_clusters, bits);
+  if (r < 0)
     goto out;
-  }
 
   r = io->pread (io->opaque, buf, cluster_size, 0);
   if (r < 0) {
@@ -177,16 +189,9 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
     area_first = meta_clusters;
     meta_clusters += area_clusters;
   }
-  /* The metadata, a refcount block, and one cluster of data at least. */
-  if (!opts->growable && host_clusters < meta_clusters + 2) {
-    snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
-              " bytes) is too small for the image's metadata (%" PRIu64
-              " bytes at least); make it larger (for a file: truncate -s "
-              "SIZE FILE)", device_size, (meta_clusters + 2) << bits);
-    create_error (log, msg);
-    r = -ENOSPC;
+  r = check_room (log, opts, device_size, meta_clusters, bits);
+  if (r < 0)
     goto out;
-  }
 
   /* Clear the refcount table and L1 table, make that durable, and only
    * then write the header that gives them meaning.  Clusters that read
