@@ -63,17 +63,7 @@ same_as ()
 }
 
 # The disk: random, text and zero regions, not a multiple of 64 KiB.
-$PYTHON - <<'EOF'
-import random
-rng = random.Random(18)
-size = 5 * 1024 * 1024 + 7 * 512
-out = bytearray()
-while len(out) < size:
-    k = rng.randrange(3)
-    n = rng.randrange(1, 200000)
-    out += rng.randbytes(n) if k == 0 else (b"encrypted qcow2 " * (n // 16 + 1))[:n] if k == 1 else bytes(n)
-open("base.raw", "wb").write(out[:size])
-EOF
+mixed_disk base.raw $((5 * 1024 * 1024 + 7 * 512)) 18
 
 # ------------------------------------------------ images qemu-img made
 seed=1

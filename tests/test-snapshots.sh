@@ -80,7 +80,7 @@ cmp -s one.raw two.raw && fail "snapshots 1 and 2 read the same: the test image 
 echo "10 selectors (names, IDs, snapshot.id=/snapshot.name=): each served as qemu-img convert -l reads it; the plugin too"
 
 # The snapshot's disk is served at the active disk's size, as qemu does.
-size=$(nbdkit -U - -r --filter="$FILTER" file snap.qcow2 qcow2-snapshot=base \
+size=$(run_nbdkit -U - -r --filter="$FILTER" file snap.qcow2 qcow2-snapshot=base \
        --run 'nbdinfo --size "$uri"')
 [ "$size" = $((5 * 1024 * 1024)) ] || fail "snapshot base: size $size, not the active 5 MiB"
 
