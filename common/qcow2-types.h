@@ -19,7 +19,8 @@
  *   5. a cache shard's lock (qcow2-cache.c).
  *
  * qcow2_image.compressors_lock guards the start of the compressor
- * threads and is held with no other lock.
+ * threads and is held with no other lock; so is a key cache's lock
+ * (qcow2-encrypt.c), taken while an image opens.
  */
 #ifndef QCOW2_TYPES_H
 #define QCOW2_TYPES_H
