@@ -284,15 +284,6 @@ ensure_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t cluster,
   return r;
 }
 
-int
-qcow2_alloc_reference (struct qcow2_image *img, struct qcow2_io *io,
-                       uint64_t cluster)
-{
-  int r = ensure_block (img, io, cluster, QCOW2_ALLOC_NO_RECLAIM);
-
-  return r ? r : qcow2_refcount_add (img, io, cluster, 1, NULL);
-}
-
 /* Allocate host cluster INDEX if it is free; -EBUSY if it is not. */
 static int
 alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,

@@ -19,9 +19,8 @@
  * caller (the write entry) then runs qcow2_writeback, which applies the
  * releases, and tries again.
  *
- * Offers: qcow2_alloc_clusters, qcow2_alloc_reference,
- * qcow2_pack_compressed, qcow2_free_later, qcow2_apply_frees,
- * qcow2_pending_frees.
+ * Offers: qcow2_alloc_clusters, qcow2_pack_compressed, qcow2_free_later,
+ * qcow2_apply_frees, qcow2_pending_frees.
  * Locks: every call with the image lock held exclusively.
  * Needs: the refcounts, host I/O, the cluster cache (released compressed
  * clusters leave it).
@@ -71,13 +70,6 @@ void qcow2_alloc_free (struct qcow2_image *img);
  */
 int qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
                           uint64_t count, unsigned mode, uint64_t *offset);
-
-/* Count one more reference to host cluster CLUSTER, making its refcount
- * block if there is none (a new image counting its own metadata; it has
- * nothing to reclaim: -ENOSPC if the block finds no room).
- */
-int qcow2_alloc_reference (struct qcow2_image *img, struct qcow2_io *io,
-                           uint64_t cluster);
 
 /* Put LEN bytes of one cluster's compressed data (DATA) into the packing
  * area and write them: back to back with the previous cluster's, running

@@ -15,6 +15,7 @@
 #include "qcow2-fileio.h"
 #include "qcow2-header.h"
 #include "qcow2-hostio.h"
+#include "qcow2-lock.h"
 
 #define MAX_CHAIN 16
 
@@ -139,6 +140,17 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
     qcow2_error (img, "cannot open the backing file %s (named '%s' in the "
                  "image): %s", b->path, name, strerror (-r));
     return r;
+  }
+  /* qemu locks a backing file as it locks an image opened read-only. */
+  if (img->opts.locking != QCOW2_LOCK_OFF) {
+    char lock_err[512];
+    r = qcow2_lock_fd (qcow2_fileio_fd (&b->io), b->path,
+                       qcow2_lock_perms_for (false, img->opts.locking),
+                       lock_err, sizeof lock_err);
+    if (r < 0) {
+      qcow2_error (img, "backing file: %s", lock_err);
+      return r;
+    }
   }
 
   /* The header's format extension says what the backing file is; without

@@ -1,11 +1,16 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd engine: formatting storage as a new qcow2 image.
  *
- * Layout, as qemu-img create lays out a new image: the header in cluster
- * 0, the refcount table from cluster 1, the L1 table after it, and for a
- * LUKS-encrypted image the LUKS area after that.  The
- * refcount blocks are made by the ordinary allocator when the metadata
- * clusters are counted, so there is one code path for refcounts.
+ * Layout: the header in cluster 0, the refcount table from cluster 1,
+ * the L1 table after it, for a LUKS-encrypted image the LUKS area (after
+ * the L1 table, as qemu-img puts it), then the refcount blocks that count
+ * all of these (one, but for huge L1 tables in small clusters).
+ *
+ * The header is the commit point.  Everything else the empty image
+ * needs is written and flushed first, and the header after it, then
+ * flushed: a crash at any moment leaves either a device whose first
+ * cluster is still all zeros (so that qcow2-create can run again) or a
+ * whole, valid image.
  *
  * Implements qcow2_create_validate and qcow2_create (qcow2.h, the
  * contract).
@@ -19,13 +24,11 @@
 #include <string.h>
 
 #include "qcow2-types.h"
-#include "qcow2-alloc.h"
 #include "qcow2-crypto.h"
 #include "qcow2-encrypt.h"
 #include "qcow2-endian.h"
 #include "qcow2-hostio.h"
 #include "qcow2-luks.h"
-#include "qcow2-writeback.h"
 
 /* qemu 7.2 writes 112-byte v3 headers: 104 + compression type + padding. */
 #define CREATE_HEADER_LENGTH 112
@@ -49,25 +52,6 @@ static bool
 all_zero (const uint8_t *p, size_t len)
 {
   return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
-}
-
-/* Does the device hold the metadata, a refcount block, and one cluster
- * of data at least?  0, or -ENOSPC after saying how much it needs.
- */
-static int
-check_room (const struct qcow2_log *log, const struct qcow2_options *opts,
-            int64_t device_size, uint64_t meta_clusters, uint32_t bits)
-{
-  char msg[512];
-
-  if (opts->growable || ((uint64_t) device_size >> bits) >= meta_clusters + 2)
-    return 0;
-  snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
-            " bytes) is too small for the image's metadata (%" PRIu64
-            " bytes at least); make it larger (for a file: truncate -s "
-            "SIZE FILE)", device_size, (meta_clusters + 2) << bits);
-  create_error (log, msg);
-  return -ENOSPC;
 }
 
 int
@@ -98,6 +82,99 @@ qcow2_create_validate (const struct qcow2_create_options *create,
   return 0;
 }
 
+/* Where a new image's clusters go. */
+struct layout {
+  uint32_t bits;
+  uint64_t rt_clusters;         /* the refcount table, from cluster 1 */
+  uint64_t meta_clusters;       /* the metadata ends here ... */
+  uint64_t rb_clusters;         /* ... and these refcount blocks follow */
+  uint64_t total_clusters;
+  const uint8_t *area;          /* a LUKS area, or NULL */
+  size_t area_len;
+  uint64_t area_first;          /* its first cluster */
+};
+
+/* Lay out the metadata: META_CLUSTERS of it, and the refcount blocks,
+ * which count themselves too.
+ */
+static void
+lay_out (struct layout *l, uint64_t meta_clusters)
+{
+  uint64_t refs_per_block = (UINT64_C (1) << l->bits) / 2;
+
+  l->meta_clusters = meta_clusters;
+  l->rb_clusters = (meta_clusters + refs_per_block - 2) / (refs_per_block - 1);
+  l->total_clusters = meta_clusters + l->rb_clusters;
+}
+
+/* Does the device hold the metadata, its refcount blocks, and one
+ * cluster of data at least?  0, or -ENOSPC after saying how much it
+ * needs.
+ */
+static int
+check_room (const struct qcow2_log *log, const struct qcow2_options *opts,
+            int64_t device_size, uint64_t host_clusters,
+            const struct layout *l)
+{
+  char msg[512];
+
+  if (opts->growable || host_clusters >= l->total_clusters + 1)
+    return 0;
+  snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
+            " bytes) is too small for the image's metadata (%" PRIu64
+            " bytes at least); make it larger (for a file: truncate -s "
+            "SIZE FILE)", device_size, (l->total_clusters + 1) << l->bits);
+  create_error (log, msg);
+  return -ENOSPC;
+}
+
+/* Fill BUF with new cluster C of the image L lays out.  Returns false if
+ * it is all zeros.
+ */
+static bool
+create_cluster (uint8_t *buf, uint64_t c, const struct layout *l)
+{
+  const uint32_t bits = l->bits;
+  const uint64_t rt_clusters = l->rt_clusters;
+  const uint64_t meta_clusters = l->meta_clusters;
+  const uint64_t rb_clusters = l->rb_clusters;
+  const uint64_t cluster_size = UINT64_C (1) << bits;
+  const uint64_t refs_per_block = cluster_size / 2;
+  const uint64_t total_clusters = meta_clusters + rb_clusters;
+  bool data = false;
+  uint64_t first, i;
+
+  memset (buf, 0, cluster_size);
+  if (l->area && c >= l->area_first &&
+      ((c - l->area_first) << bits) < l->area_len) {
+    /* The LUKS area, and zeros to the end of its last cluster. */
+    uint64_t done = (c - l->area_first) << bits;
+    uint64_t n = l->area_len - done < cluster_size ? l->area_len - done
+      : cluster_size;
+    memcpy (buf, l->area + done, n);
+    data = true;
+  }
+  if (c >= 1 && c < 1 + rt_clusters) {
+    /* Table entries [first, ...) point at the blocks. */
+    first = (c - 1) * (cluster_size / 8);
+    for (i = first; i < rb_clusters && i < first + cluster_size / 8; ++i) {
+      put_be64 (buf + 8 * (i - first), (meta_clusters + i) << bits);
+      data = true;
+    }
+  }
+  else if (c >= meta_clusters && c < total_clusters) {
+    /* Block j counts clusters [j * refs_per_block, ...): one reference
+     * each for those of the new image.
+     */
+    first = (c - meta_clusters) * refs_per_block;
+    for (i = first; i < total_clusters && i < first + refs_per_block; ++i) {
+      buf[2 * (i - first) + 1] = 1;     /* big-endian 16-bit 1 */
+      data = true;
+    }
+  }
+  return data;
+}
+
 int
 qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
               const struct qcow2_create_options *create,
@@ -106,9 +183,9 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   const uint32_t bits = create->cluster_bits;
   const uint64_t cluster_size = UINT64_C (1) << bits;
   uint64_t l2_coverage, l1_size, l1_clusters, rt_entries, rt_clusters;
-  uint64_t host_clusters, meta_clusters, c, pos;
-  uint64_t area_first = 0, area_clusters = 0;
-  uint8_t *buf = NULL, *area = NULL;
+  uint64_t host_clusters, c;
+  struct layout lay = { .bits = bits };
+  uint8_t *buf = NULL, *skip = NULL, *area = NULL;
   size_t area_len = 0;
   uint8_t master_key[QCOW2_CRYPTO_MAX_KEY_BYTES];
   struct qcow2_key_cache *own_cache = NULL;
@@ -142,14 +219,15 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   /* One table entry per refcount block of 16-bit refcounts. */
   rt_entries = (host_clusters + cluster_size / 2 - 1) / (cluster_size / 2) + 1;
   rt_clusters = (rt_entries * 8 + cluster_size - 1) / cluster_size;
-  meta_clusters = 1 + rt_clusters + l1_clusters;
+  lay.rt_clusters = rt_clusters;
+  lay_out (&lay, 1 + rt_clusters + l1_clusters);
+  r = check_room (log, opts, device_size, host_clusters, &lay);
+  if (r < 0)
+    return r;
+
   buf = calloc (1, cluster_size);
   if (buf == NULL)
     return -ENOMEM;
-  r = check_room (log, opts, device_size, meta_clusters, bits);
-  if (r < 0)
-    goto out;
-
   r = io->pread (io->opaque, buf, cluster_size, 0);
   if (r < 0) {
     create_error (log, "qcow2-create: cannot read the first cluster of the "
@@ -164,9 +242,8 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
     goto out;
   }
 
-  /* A LUKS image's area (its header and key slot 0) goes after the L1
-   * table, as qemu-img puts it.  Making it runs PBKDF2 for iter-time, so
-   * it comes after the checks that need no time.
+  /* A LUKS image's area: its header and key slot 0.  Making it runs
+   * PBKDF2 for iter-time, so it comes after the checks that need no time.
    */
   if (create->encrypt) {
     struct qcow2_luks_create_params params = {
@@ -185,43 +262,43 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
       r = -EINVAL;
       goto out;
     }
-    area_clusters = (area_len + cluster_size - 1) / cluster_size;
-    area_first = meta_clusters;
-    meta_clusters += area_clusters;
+    lay.area = area;
+    lay.area_len = area_len;
+    lay.area_first = lay.meta_clusters;
+    lay_out (&lay, lay.meta_clusters + (area_len + cluster_size - 1) / cluster_size);
+    r = check_room (log, opts, device_size, host_clusters, &lay);
+    if (r < 0)
+      goto out;
   }
-  r = check_room (log, opts, device_size, meta_clusters, bits);
-  if (r < 0)
-    goto out;
 
-  /* Clear the refcount table and L1 table, make that durable, and only
-   * then write the header that gives them meaning.  Clusters that read
-   * as zeros already are left alone: on a sparse file, writing them
-   * would allocate space that holds nothing.  Storage that grows has
-   * to be written up to the end of the tables.
+  /* The refcount table, the L1 table and the refcount blocks, made
+   * durable before the header that gives them meaning.  Clusters that
+   * are to hold zeros and read as zeros already are left alone: on a
+   * sparse file, writing them would allocate space that holds nothing.
+   * Storage that grows has to be written up to the end of the tables.
+   * Every read comes before the first write, so that a device that
+   * cannot be read is left as it was.
    */
-  for (c = 1; c < meta_clusters; ++c) {
-    if (c >= area_first && c < area_first + area_clusters) {
-      /* The area, and zeros to the end of its last cluster. */
-      uint64_t done = (c - area_first) << bits;
-      uint64_t n = area_len - done < cluster_size ? area_len - done
-        : cluster_size;
-      memset (buf, 0, cluster_size);
-      memcpy (buf, area + done, n);
-      r = io->pwrite (io->opaque, buf, cluster_size, c << bits);
-      if (r < 0)
-        goto write_failed;
-      continue;
-    }
-    if (((c + 1) << bits) <= (uint64_t) device_size) {
+  skip = calloc (lay.total_clusters, 1);
+  if (skip == NULL) {
+    r = -ENOMEM;
+    goto out;
+  }
+  for (c = 1; c < lay.total_clusters; ++c) {
+    if (!create_cluster (buf, c, &lay) &&
+        ((c + 1) << bits) <= (uint64_t) device_size) {
       r = io->pread (io->opaque, buf, cluster_size, c << bits);
       if (r < 0) {
         create_error (log, "qcow2-create: cannot read the device");
         goto out;
       }
-      if (all_zero (buf, cluster_size))
-        continue;
+      skip[c] = all_zero (buf, cluster_size);
     }
-    memset (buf, 0, cluster_size);
+  }
+  for (c = 1; c < lay.total_clusters; ++c) {
+    if (skip[c])
+      continue;
+    create_cluster (buf, c, &lay);
     r = io->pwrite (io->opaque, buf, cluster_size, c << bits);
     if (r < 0)
       goto write_failed;
@@ -248,7 +325,7 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
     put_be32 (buf + 32, 2);                     /* crypt_method: LUKS */
     put_be32 (buf + CREATE_HEADER_LENGTH, QCOW2_EXT_CRYPTO);
     put_be32 (buf + CREATE_HEADER_LENGTH + 4, 16);
-    put_be64 (buf + CREATE_HEADER_LENGTH + 8, area_first << bits);
+    put_be64 (buf + CREATE_HEADER_LENGTH + 8, lay.area_first << bits);
     put_be64 (buf + CREATE_HEADER_LENGTH + 16, area_len);
   }
   /* The rest of the first cluster was checked to be zeros above. */
@@ -274,16 +351,6 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   if (r < 0)
     goto out;
   img->opts.key_cache = opts->key_cache;
-  pthread_rwlock_wrlock (&img->lock);
-  for (pos = 0; pos < meta_clusters && r == 0; ++pos)
-    r = qcow2_alloc_reference (img, io, pos);
-  pthread_rwlock_unlock (&img->lock);
-  if (r == 0)
-    r = qcow2_flush (img, io);
-  if (r < 0) {
-    qcow2_image_close (img);
-    goto out;
-  }
   qcow2_debug (img, "created a qcow2 v3 image: virtual size %" PRIu64
                ", cluster size %" PRIu64 ", %s%s, %" PRIu64 " bytes of "
                "metadata, room for %" PRIu64 " clusters",
@@ -291,7 +358,7 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
                create->compression_type == QCOW2_COMPRESSION_ZSTD
                ? "zstd" : "zlib",
                create->encrypt ? ", LUKS-encrypted (aes-256-xts-plain64)" : "",
-               meta_clusters << bits, host_clusters - meta_clusters);
+               lay.total_clusters << bits, host_clusters - lay.total_clusters);
   *imagep = img;
   r = 0;
   goto out;
@@ -302,6 +369,7 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   qcow2_key_cache_free (own_cache);
   qcow2_wipe (master_key, sizeof master_key);
   free (area);
+  free (skip);
   free (buf);
   return r;
 }

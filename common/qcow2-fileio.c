@@ -100,6 +100,14 @@ qcow2_fileio_open (const char *path, bool writable, struct qcow2_io *io)
   return 0;
 }
 
+int
+qcow2_fileio_fd (const struct qcow2_io *io)
+{
+  const struct fileio *f = io->opaque;
+
+  return f->fd;
+}
+
 void
 qcow2_fileio_close (struct qcow2_io *io)
 {

@@ -15,6 +15,9 @@
  */
 int qcow2_fileio_open (const char *path, bool writable, struct qcow2_io *io);
 
+/* The file descriptor under IO (to lock the file: qcow2-lock.h). */
+int qcow2_fileio_fd (const struct qcow2_io *io);
+
 /* Close what qcow2_fileio_open opened. */
 void qcow2_fileio_close (struct qcow2_io *io);
 

@@ -7,14 +7,17 @@
  * debug lines go to the struct qcow2_log given at open.
  *
  * Offers: qcow2_error, qcow2_debug, qcow2_debug_if, qcow2_pread_clamped,
- * qcow2_pwrite_logged, qcow2_flush_logged, qcow2_online_cpus.
+ * qcow2_first_change, qcow2_pwrite_logged, qcow2_flush_logged,
+ * qcow2_online_cpus.
  * Locks: none taken.  The I/O calls are made only from a thread that
  * called into the engine, never from pool workers (struct qcow2_io's
  * rule).  qcow2_pread_clamped with the image lock held (shared is
  * enough) and qcow2_pwrite_logged with it held exclusively, as the file
  * size they clamp to changes only under the exclusive lock;
- * qcow2_flush_logged with or without it.
- * Needs: the image's log, options and counters; nothing else.
+ * qcow2_flush_logged with or without it; qcow2_first_change with it
+ * held exclusively.
+ * Needs: the image's log, options and counters, and the header's
+ * autoclear bits (qcow2_first_change); nothing else.
  */
 #ifndef QCOW2_HOSTIO_H
 #define QCOW2_HOSTIO_H
@@ -41,9 +44,39 @@ void qcow2_debug_if (struct qcow2_image *img, unsigned flag,
 int qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
                          void *buf, uint64_t len, uint64_t offset);
 
+/* Nothing on disk changes until the first change: opening an image for
+ * writing writes nothing (a session that only reads through a writable
+ * export leaves the file byte for byte as it was).  What the open would
+ * have changed is done here instead: the header's autoclear bits are
+ * cleared (this writer keeps none of the structures they vouch for,
+ * persistent bitmaps above all) and flushed, so that they are durably
+ * clear before anything they vouch for changes.
+ *
+ * The contract, which every write path must keep:
+ * - It runs, to completion, before the first write of anything to the
+ *   image (data, L2 and L1 tables, refcounts, header fields), by any
+ *   thread.  qcow2_pwrite_logged calls it itself while
+ *   img->autoclear_on_disk is set, so a write through it is covered; a
+ *   write that bypassed qcow2_pwrite_logged would not be.
+ * - It needs the image lock held exclusively.  img->autoclear_on_disk
+ *   and img->header.autoclear_features are plain fields, and the check
+ *   in qcow2_pwrite_logged is safe only because every write today holds
+ *   the exclusive lock: no other write can start between the check and
+ *   the flush of the bits.  A write made without the exclusive lock
+ *   (data written outside the image lock, issue 15) may not rely on
+ *   that check: whoever starts it must first, under the exclusive lock,
+ *   call this (or see img->autoclear_on_disk false), and only then let
+ *   the write go.
+ * Returns 0 (at once if nothing is left to clear), or -errno after
+ * logging: the flag stays set, so that the next write tries again, and
+ * the write that called it fails having written nothing of its own.
+ */
+int qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io);
+
 /* Write [OFFSET, OFFSET+LEN) of the image underneath, which must lie
- * inside the file (-EIO, an internal error, if not).  Counts the bytes
- * towards the next flush.  0, or -errno after logging.
+ * inside the file (-EIO, an internal error, if not), after
+ * qcow2_first_change if the image has not been changed yet.  Counts the
+ * bytes towards the next flush.  0, or -errno after logging.
  */
 int qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,
                          const void *buf, uint64_t len, uint64_t offset);

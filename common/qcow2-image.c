@@ -46,8 +46,8 @@ log_extension (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)
 }
 
 /* What writing needs beyond reading: refusals of what cannot be written
- * safely, the refcounts, scratch space, and clearing the autoclear bits
- * (this writer keeps none of the structures they vouch for).
+ * safely, the refcounts and scratch space.  Nothing is written yet: see
+ * qcow2_first_change (qcow2-hostio.h).
  */
 static int
 open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
@@ -102,17 +102,7 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
     return -ENOMEM;
   }
 
-  if (h->autoclear_features) {
-    uint8_t zero[8] = { 0 };
-    qcow2_debug (img, "clearing autoclear_features 0x%" PRIx64,
-                 h->autoclear_features);
-    r = qcow2_pwrite_logged (img, io, zero, sizeof zero, 88);
-    if (r == 0)
-      r = qcow2_flush_logged (img, io);
-    if (r < 0)
-      return r;
-    img->header.autoclear_features = 0;
-  }
+  img->autoclear_on_disk = h->autoclear_features != 0;
   return 0;
 }
 

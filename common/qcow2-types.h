@@ -131,6 +131,11 @@ struct qcow2_image {
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
   struct qcow2_sector_cipher *wcipher;  /* encrypted images only */
+  /* The header's autoclear bits are still set on the disk: the first
+   * write to the image clears them (set by qcow2-image.c at open, cleared
+   * by qcow2_first_change in qcow2-hostio.c).
+   */
+  bool autoclear_on_disk;
 
   /* Encryption (crypt_method 2), and the internal snapshot served
    * instead of the active disk: then the header's l1_size and

@@ -42,7 +42,11 @@ new_dirty_table (struct qcow2_image *img, struct qcow2_io *io,
   if (t == NULL)
     goto nomem;
   t->offset = offset;
-  t->dirty = true;
+  /* A loaded table is written back only once an entry changes (a zero
+   * or trim of what reads as zeros already changes nothing on disk); a
+   * new table, or a copy that the L1 entry will point at, always.
+   */
+  t->dirty = source != offset;
   if (source == 0)
     memset (t->data, 0, cluster_size);
   else if ((from = tablemap_find (&img->dirty_l2, source)) != NULL)
@@ -67,7 +71,7 @@ new_dirty_table (struct qcow2_image *img, struct qcow2_io *io,
   return -ENOMEM;
 }
 
-/* Is the L2 table at OFFSET (L1 entry L1E) shared with a snapshot?  Its
+/* Is the L2 table at OFFSET (L1 entry L1_INDEX) shared with a snapshot?  Its
  * L1 entry's COPIED says so; with snapshots, the refcount is asked too,
  * as a table changed in place while a snapshot still uses it would
  * change the snapshot.  A table to be copied must be counted, or the

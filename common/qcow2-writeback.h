@@ -35,7 +35,10 @@
  * into a new table (hooked in the same way; the old one is released
  * after the next writeback) if a snapshot shares it (COPIED clear in the
  * L1 entry, or with snapshots a refcount other than 1), else loaded into
- * the dirty set.  With CREATE false and no table, *OUT is NULL.  The table stays valid until the next writeback.  0,
+ * the dirty set.  A loaded table is not dirty: the caller that changes an
+ * entry sets t->dirty, so that a table nothing changed is not written
+ * back; a new or copied table is.  With CREATE false and no table, *OUT
+ * is NULL.  The table stays valid until the next writeback.  0,
  * QCOW2_RECLAIM (no room for a new table yet: see qcow2-alloc.h), or
  * -errno after logging.
  */

@@ -19,6 +19,7 @@
 
 #include "qcow2-header.h"
 #include "qcow2-io.h"
+#include "qcow2-lock.h"
 
 struct qcow2_options {
   bool writable;                  /* open for writing */
@@ -33,6 +34,7 @@ struct qcow2_options {
   const char *image_dir;          /* where relative backing names start */
   unsigned backing_depth;         /* 0; the engine counts the chain */
   bool growable;                  /* writes may extend the storage */
+  enum qcow2_lock_policy locking; /* for the backing files it opens */
   unsigned debug;                 /* QCOW2_DEBUG_* bits */
   /* The passphrase of a LUKS-encrypted image (NUL-terminated), or NULL. */
   const char *passphrase;

@@ -12,6 +12,7 @@
 
 #include "nbdkit.h"
 #include "params.h"
+#include "cmdline.h"
 #include "qcow2-codec.h"
 #include "qcow2-crypto.h"
 
@@ -36,6 +37,9 @@ struct qcow2_create_options create_options = {
 static unsigned threads_param;  /* 0: not given */
 static int compress_param = -1; /* -1: not given */
 static bool create_details_given;
+static bool level_given;
+static int force_share_param;   /* qcow2-force-share */
+int params_readonly = -1;
 static bool encrypt_details_given;  /* qcow2-encrypt-iter-time */
 static char *passphrase;        /* from nbdkit_read_password */
 static char *snapshot;
@@ -107,6 +111,7 @@ parse_size_param (const char *key, const char *value, uint64_t min,
  * change directory.
  */
 static char *image_dir;
+static char *image_file;        /* file=, resolved; NULL with dir= */
 
 static void
 note_image_path (const char *key, const char *value)
@@ -117,9 +122,12 @@ note_image_path (const char *key, const char *value)
     return;                     /* the plugin will report it */
   free (image_dir);
   image_dir = NULL;
+  free (image_file);
+  image_file = NULL;
   if (strcmp (key, "dir") == 0)
     image_dir = path;
   else if ((slash = strrchr (path, '/')) != NULL) {
+    image_file = strdup (path);
     slash[slash == path ? 1 : 0] = '\0';
     image_dir = path;
   }
@@ -128,10 +136,25 @@ note_image_path (const char *key, const char *value)
   engine_options.image_dir = image_dir;
 }
 
+char *
+params_local_image (const char *exportname)
+{
+  char *path = NULL;
+
+  if (image_file)
+    return strdup (image_file);
+  /* The file plugin's dir= serves the file the export is named after. */
+  if (image_dir && exportname[0] != '\0' && strchr (exportname, '/') == NULL &&
+      asprintf (&path, "%s/%s", image_dir, exportname) == -1)
+    path = NULL;
+  return path;
+}
+
 void
 params_unload (void)
 {
   free (image_dir);
+  free (image_file);
   free ((char *) engine_options.backing_path);
   if (passphrase) {
     qcow2_wipe (passphrase, strlen (passphrase));
@@ -266,7 +289,27 @@ params_config (const char *key, const char *value)
     }
     return 0;
   }
+  if (strcmp (key, "qcow2-locking") == 0) {
+    if (strcmp (value, "on") == 0)
+      engine_options.locking = QCOW2_LOCK_ON;
+    else if (strcmp (value, "off") == 0)
+      engine_options.locking = QCOW2_LOCK_OFF;
+    else {
+      nbdkit_error ("%s: '%s' is neither on nor off", key, value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "qcow2-force-share") == 0) {
+    force_share_param = nbdkit_parse_bool (value);
+    if (force_share_param == -1) {
+      nbdkit_error ("%s: '%s' is not a boolean", key, value);
+      return -1;
+    }
+    return 0;
+  }
   if (strcmp (key, "qcow2-compression-level") == 0) {
+    level_given = true;
     if (nbdkit_parse_int (key, value, &engine_options.compression_level) == -1)
       return -1;
     /* The codec's own range is checked when the image's type is known. */
@@ -278,6 +321,66 @@ params_config (const char *key, const char *value)
     return 0;
   }
   return 1;
+}
+
+int
+params_check_level (enum qcow2_compression type)
+{
+  int min, max;
+
+  if (!level_given)
+    return 0;
+  qcow2_compression_level_range (type, &min, &max);
+  if (engine_options.compression_level < min ||
+      engine_options.compression_level > max) {
+    nbdkit_error ("qcow2-compression-level: %d is out of range for %s "
+                  "(%d to %d)", engine_options.compression_level,
+                  qcow2_compression_name (type), min, max);
+    return -1;
+  }
+  return 0;
+}
+
+/* What can be wrong on the command line but no single parameter shows,
+ * checked before anything is opened or formatted.
+ */
+static int
+check_startup (void)
+{
+  params_readonly = cmdline_readonly ();
+  if (create_requested && params_readonly == 1) {
+    nbdkit_error ("qcow2-create: cannot create an image read-only "
+                  "(nbdkit -r)");
+    return -1;
+  }
+  if (create_requested && engine_options.backing_path) {
+    nbdkit_error ("qcow2-backing: an image made by qcow2-create has no "
+                  "backing file");
+    return -1;
+  }
+  /* The type of a created image is known now; an existing image's only
+   * when it is opened (or, in the plugin form, read at start-up).
+   */
+  if (create_requested &&
+      params_check_level (create_options.compression_type) == -1)
+    return -1;
+  if (level_given && compress_param == 0) {
+    nbdkit_error ("qcow2-compression-level: only applies to compressed "
+                  "writes, and qcow2-compress=false turns them off");
+    return -1;
+  }
+  if (force_share_param == 1) {
+    /* qemu's force-share=on likewise demands a read-only image. */
+    if (params_readonly != 1) {
+      nbdkit_error ("qcow2-force-share: only applies with -r (nbdkit "
+                    "--readonly): an image opened for writing cannot "
+                    "share its write permission");
+      return -1;
+    }
+    if (engine_options.locking != QCOW2_LOCK_OFF)
+      engine_options.locking = QCOW2_LOCK_FORCE_SHARE;
+  }
+  return 0;
 }
 
 int
@@ -346,6 +449,8 @@ params_complete (void)
       return -1;
     }
   }
+  if (check_startup () == -1)
+    return -1;
   /* nbdkit sets the -D flags before configuring. */
   engine_options.debug =
     (qcow2zstd_debug_image ? QCOW2_DEBUG_IMAGE : 0) |

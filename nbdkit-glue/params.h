@@ -24,6 +24,23 @@ extern struct qcow2_options engine_options;
 extern bool create_requested;
 extern struct qcow2_create_options create_options;
 
+/* 1: nbdkit -r was given; 0: not; -1: unknown (cmdline.h).  Set by
+ * params_complete.
+ */
+extern int params_readonly;
+
+/* A qcow2-compression-level given on the command line fits TYPE (0),
+ * or not (-1, after nbdkit_error).
+ */
+int params_check_level (enum qcow2_compression type);
+
+/* The local file that the plugin under the filter serves for
+ * EXPORTNAME: the file named by file=, or with dir= the file of that
+ * name in the directory.  NULL if neither was given (or out of memory).
+ * The caller frees it.
+ */
+char *params_local_image (const char *exportname);
+
 /* Handle KEY=VALUE if it is one of ours: 0 done, -1 error, 1 not ours.
  * file= and dir= (the file plugin's, or the plugin form's own file=) are
  * noted, for resolving relative backing file names, and passed on.
@@ -48,6 +65,8 @@ int params_add_extent (void *extents, uint64_t offset, uint64_t length,
   "qcow2-compress=BOOL            Store whole-cluster writes compressed.\n" \
   "qcow2-compression-level=N      zlib 1-9 (default 5), zstd 1-22 (default 3).\n" \
   "qcow2-backing=PATH             The backing file (default: the image's own).\n" \
+  "qcow2-locking=on|off           Lock the image as qemu does (default on).\n" \
+  "qcow2-force-share=BOOL         With -r: read even an image in use (qemu -U).\n" \
   "qcow2-passphrase=SECRET        Of a LUKS image (- to prompt, +FILE, -FD).\n" \
   "qcow2-encrypt-format=luks      Encrypt a created image (with qcow2-passphrase).\n" \
   "qcow2-encrypt-iter-time=MS     PBKDF2 time of its key slot (default 2000).\n" \

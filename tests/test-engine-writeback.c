@@ -11,7 +11,9 @@
  *   of what it depends on (an L2 table on data and refcounts, the L1
  *   table on L2 tables, ...);
  * - the storage as of every flush, plus any subset of the writes after
- *   it, is consistent: no cluster referenced beyond its refcount.
+ *   it, is consistent: no cluster referenced beyond its refcount;
+ * - nothing is written before the first change, which clears the
+ *   autoclear bits and flushes before it writes anything else.
  */
 #include <config.h>
 
@@ -499,6 +501,102 @@ test_reclaim_compressed (void)
   free (model);
 }
 
+/* ---------------------------------------------------- the first change */
+
+/* The writes the storage saw, all flushes aside. */
+static size_t
+writes_logged (const struct mem_io *m)
+{
+  return m->nops - flushes_between (m, 0, m->nops);
+}
+
+/* Nothing on disk changes until the first change (qcow2_first_change in
+ * qcow2-hostio.h): an image with autoclear bits, open for writing, read,
+ * zeroed and trimmed where it reads as zeros already (in an L2 table that
+ * is on disk, which is loaded for the change), flushed and closed, is
+ * byte for byte as it was.  The first write that changes something
+ * clears the bits and flushes before it writes anything else.  When the
+ * bits cannot be cleared the write fails having written nothing, and the
+ * next write clears them.
+ */
+static void
+test_first_change (void)
+{
+  const uint64_t C = 4096;
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, MiB, 4 * MiB, 0,
+  };
+  /* Persistent bitmaps (bit 0), and a bit no one knows. */
+  const uint64_t autoclear = 1 | UINT64_C (1) << 40;
+  struct qcow2_options opts = default_options;
+  uint8_t buf[4096], back[4096], zero[8] = { 0 };
+  struct session s;
+  unsigned seen = 0;
+  size_t start;
+
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    return;
+  }
+  fill_pattern (buf, C, 8);
+  CHECK_EQ (do_write (&s, buf, C, 0, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  session_close_image (&s);
+  put64 (s.mio.data + 88, autoclear);
+  mem_io_log_reset (&s.mio);
+
+  opts.writable = true;
+  CHECK_EQ (session_open_io (&s, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    return;
+  }
+  CHECK_EQ (do_read (&s, buf, C, 0), 0);
+  CHECK_EQ (do_zero (&s, 2 * C, C, false, false), 0);
+  CHECK_EQ (do_trim (&s, 2 * C, 3 * C, false), 0);
+  CHECK_EQ (do_zero (&s, C, 512 * KiB, true, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  session_close_image (&s);
+  CHECK_EQ (writes_logged (&s.mio), 0);
+  CHECK (memcmp (s.mio.data, s.mio.initial, s.mio.size) == 0);
+
+  /* The bits cannot be cleared: nothing is written. */
+  CHECK_EQ (session_open_io (&s, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    return;
+  }
+  s.mio.write_fail_errno = EIO;
+  s.mio.write_fail_from = 88;
+  s.mio.write_fail_to = 96;
+  CHECK_EQ (do_write (&s, buf, C, 8 * C, false), -EIO);
+  CHECK (logged (&s, &seen));
+  CHECK_EQ (writes_logged (&s.mio), 0);
+  CHECK_EQ (get64 (s.mio.data + 88), autoclear);
+
+  /* The next write clears them first, durably. */
+  s.mio.write_fail_errno = 0;
+  start = s.mio.nops;
+  CHECK_EQ (do_write (&s, buf, C, 8 * C, false), 0);
+  CHECK (s.mio.nops >= start + 3);
+  if (s.mio.nops >= start + 3) {
+    const struct mem_op *op = &s.mio.ops[start];
+    CHECK (!op[0].flush);
+    CHECK_EQ (op[0].offset, 88);
+    CHECK_EQ (op[0].len, 8);
+    CHECK (memcmp (op[0].data, zero, 8) == 0);
+    CHECK (op[1].flush);
+  }
+  CHECK_EQ (get64 (s.mio.durable + 88), 0);
+  CHECK_EQ (qcow2_image_header (s.img)->autoclear_features, 0);
+  CHECK_EQ (do_flush (&s), 0);
+  CHECK_EQ (do_read (&s, back, C, 8 * C), 0);
+  CHECK (memcmp (back, buf, C) == 0);
+  check_file (s.mio.data, s.mio.size, true, "after the first change");
+  session_close (&s);
+}
+
 int
 main (void)
 {
@@ -509,6 +607,7 @@ main (void)
     test_random_log (true, seed * 1299709);
   }
   test_durability ();
+  test_first_change ();
   test_reclaim_plain ();
   test_reclaim_compressed ();
   return unit_finish ();

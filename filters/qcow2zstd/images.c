@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <inttypes.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "qcow2zstd.h"
 
@@ -23,6 +24,7 @@ struct shared_image {
   struct shared_image *next;
   char *exportname;
   struct qcow2_image *engine;
+  int lock_fd;                  /* holds the image's locks, or -1 */
   unsigned users;
   bool stats_logged;            /* by images_cleanup, before the close */
 };
@@ -108,6 +110,65 @@ was_created (const char *exportname)
   return false;
 }
 
+/* Lock the file under the export, when the plugin serves a local file
+ * the filter knows of, with a descriptor of the filter's own: the
+ * plugin's is out of reach.  It is the served file if its size is what
+ * the plugin serves.  Sets *LOCK_FD to that descriptor, or -1 when
+ * nothing could be locked.
+ */
+static int
+lock_image (nbdkit_next *next, const char *exportname, bool writable,
+            int *lock_fd)
+{
+  char *path;
+  char err[1024];
+  uint64_t size;
+  int64_t served;
+  int fd, r;
+
+  *lock_fd = -1;
+  if (engine_options.locking == QCOW2_LOCK_OFF)
+    return 0;
+  path = params_local_image (exportname);
+  if (path == NULL) {
+    nbdkit_debug ("qcow2zstd: export '%s': the plugin serves no local file "
+                  "named by file= or dir=, so the image is not locked "
+                  "(other users of it cannot be detected)", exportname);
+    return 0;
+  }
+  r = qcow2_lock_open (path, &fd, &size, err, sizeof err);
+  if (r < 0) {
+    nbdkit_debug ("qcow2zstd: export '%s': %s: the image is not locked",
+                  exportname, err);
+    free (path);
+    return 0;
+  }
+  served = next->get_size (next);
+  if (served < 0 || (uint64_t) served != size) {
+    nbdkit_debug ("qcow2zstd: export '%s': the plugin serves %" PRId64
+                  " bytes, not the %" PRIu64 " of %s: it is not that file, "
+                  "and the image is not locked", exportname, served, size,
+                  path);
+    close (fd);
+    free (path);
+    return 0;
+  }
+  r = qcow2_lock_fd (fd, path,
+                     qcow2_lock_perms_for (writable, engine_options.locking),
+                     err, sizeof err);
+  if (r < 0) {
+    nbdkit_error ("qcow2zstd: %s", err);
+    close (fd);
+    free (path);
+    return r;
+  }
+  nbdkit_debug ("qcow2zstd: export '%s': %s locked for %s", exportname, path,
+                writable ? "writing" : "reading");
+  free (path);
+  *lock_fd = fd;
+  return 0;
+}
+
 static int
 open_engine (nbdkit_next *next, const char *exportname, bool writable,
              struct qcow2_image **engine)
@@ -118,14 +179,13 @@ open_engine (nbdkit_next *next, const char *exportname, bool writable,
   struct created *c;
   int r;
 
-  /* A snapshot is served read-only, so the export is too. */
-  opts.writable = writable && opts.snapshot == NULL;
+  opts.writable = writable;
   if (!create_requested || was_created (exportname))
     return qcow2_image_open (&io, &engine_log, &opts, engine);
 
   if (!writable) {
-    nbdkit_error ("qcow2-create: cannot create an image on a read-only "
-                  "connection or plugin");
+    nbdkit_error ("qcow2-create: cannot create an image read-only "
+                  "(nbdkit -r, or a plugin that cannot write)");
     return -EROFS;
   }
   c = calloc (1, sizeof *c);
@@ -161,6 +221,10 @@ images_acquire (nbdkit_next *next, const char *exportname, bool writable)
 {
   struct shared_image *s;
 
+  /* A snapshot is served read-only (and locked for reading), so the
+   * export is too.
+   */
+  writable = writable && engine_options.snapshot == NULL;
   pthread_mutex_lock (&images_lock);
   for (s = images; s; s = s->next)
     if (strcmp (s->exportname, exportname) == 0)
@@ -172,7 +236,10 @@ images_acquire (nbdkit_next *next, const char *exportname, bool writable)
       free (s);
       s = NULL;
     }
-    else if (open_engine (next, exportname, writable, &s->engine) < 0) {
+    else if (lock_image (next, exportname, writable, &s->lock_fd) < 0 ||
+             open_engine (next, exportname, writable, &s->engine) < 0) {
+      if (s->lock_fd >= 0)
+        close (s->lock_fd);
       free (s->exportname);
       free (s);
       s = NULL;
@@ -198,6 +265,8 @@ images_release (struct shared_image *shared)
     if (!shared->stats_logged)
       params_log_stats (shared->engine, shared->exportname);
     qcow2_image_close (shared->engine);
+    if (shared->lock_fd >= 0)
+      close (shared->lock_fd);
     for (link = &images; *link != shared; link = &(*link)->next)
       ;
     *link = shared->next;

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
@@ -76,6 +77,96 @@ qcow2zstd_config (const char *key, const char *value)
   return -1;
 }
 
+/* A compression level against the image's own type, read from its
+ * header.  A header that does not parse is left for the open to report,
+ * as it reports it for the filter.
+ */
+static int
+check_level_for_image (void)
+{
+  size_t len = UINT64_C (1) << QCOW2_MAX_CLUSTER_BITS;
+  struct qcow2_header h;
+  char err[256];
+  uint8_t *buf;
+  struct stat st;
+  ssize_t n;
+  int fd, r = 0;
+
+  fd = open (filename, O_RDONLY | O_CLOEXEC);
+  if (fd == -1)
+    return 0;
+  buf = malloc (len);
+  if (buf && fstat (fd, &st) == 0 && (n = pread (fd, buf, len, 0)) > 0 &&
+      qcow2_header_parse (buf, n, st.st_size, &h, err, sizeof err) == 0)
+    r = params_check_level (h.compression_type);
+  free (buf);
+  close (fd);
+  return r;
+}
+
+/* The image file, checked at start-up: found when the first client
+ * connects, all that client would learn is that there is no export.
+ * The lock test is only a test: another process may still take the
+ * image before the first client comes, and then that client is refused.
+ */
+static int
+check_file (void)
+{
+  struct stat st;
+  char err[1024];
+  bool writes;
+  int r;
+
+  if (stat (filename, &st) == -1) {
+    if (errno == ENOENT && create_requested) {
+      /* qcow2-create makes it, in a directory that must let it. */
+      char *dir = strdup (filename), *slash;
+      if (dir == NULL)
+        return -1;
+      slash = strrchr (dir, '/');   /* the name is absolute */
+      slash[slash == dir ? 1 : 0] = '\0';
+      r = access (dir, W_OK | X_OK);
+      if (r == -1)
+        nbdkit_error ("qcow2-create: cannot create %s in %s: %m",
+                      filename, dir);
+      free (dir);
+      return r;
+    }
+    nbdkit_error ("qcow2zstd: %s: %m", filename);
+    return -1;
+  }
+  if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode)) {
+    nbdkit_error ("qcow2zstd: %s: not a regular file or block device",
+                  filename);
+    return -1;
+  }
+  if (access (filename, R_OK) == -1) {
+    nbdkit_error ("qcow2zstd: %s: %m", filename);
+    return -1;
+  }
+  /* A snapshot is served read-only: its file needs no write access. */
+  writes = params_readonly == 0 && engine_options.snapshot == NULL;
+  if (writes && access (filename, W_OK) == -1) {
+    nbdkit_error ("qcow2zstd: %s: %m (serve it read-only with -r)",
+                  filename);
+    return -1;
+  }
+  if (!create_requested && engine_options.compress &&
+      check_level_for_image () == -1)
+    return -1;
+  if (engine_options.locking != QCOW2_LOCK_OFF) {
+    r = qcow2_lock_probe (filename,
+                          qcow2_lock_perms_for (writes,
+                                                engine_options.locking),
+                          err, sizeof err);
+    if (r < 0) {
+      nbdkit_error ("qcow2zstd: %s", err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static int
 qcow2zstd_config_complete (void)
 {
@@ -85,7 +176,9 @@ qcow2zstd_config_complete (void)
   }
   engine_log = glue_engine_log (filename);
   engine_options.growable = true;
-  return params_complete ();
+  if (params_complete () == -1)
+    return -1;
+  return check_file ();
 }
 
 #define qcow2zstd_config_help \
@@ -121,9 +214,22 @@ open_image (int readonly)
     nbdkit_error ("%s: %s", filename, strerror (-r));
     return -1;
   }
+  /* Locked before anything is read, for as long as the file is open. */
+  if (opts.locking != QCOW2_LOCK_OFF) {
+    char err[1024];
+    r = qcow2_lock_fd (qcow2_fileio_fd (&file_io), filename,
+                       qcow2_lock_perms_for (!readonly, opts.locking),
+                       err, sizeof err);
+    if (r < 0) {
+      nbdkit_error ("qcow2zstd: %s", err);
+      qcow2_fileio_close (&file_io);
+      return -1;
+    }
+  }
   if (create_requested && !created) {
     if (readonly) {
-      nbdkit_error ("qcow2-create: cannot create an image read-only");
+      nbdkit_error ("qcow2-create: cannot create an image read-only "
+                    "(nbdkit -r)");
       r = -EROFS;
     }
     else

@@ -1,0 +1,375 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+# The checker of the power-loss harness: crash states rebuilt from the
+# storage's write log (record-log.h), each checked with qemu-img.
+#
+#   power-loss-check.py --name NAME --log LOG --shadow SHADOW
+#       --initial DEVICE|none --size VIRTUAL_SIZE [--initial-raw RAW]
+#       [--states N] [--seed S] [--create CLUSTER_SIZE]
+#       [--keep-unformatted PATH]
+#       [--workdir DIR] [--jobs J]
+#
+# A crash state is what the storage may hold after a power loss: every
+# write logged before some flush, plus any subset of the writes logged
+# after it (up to the next flush), some of them torn at 512-byte sectors.
+# The flush boundaries are all taken (or, if there are too many, an even
+# sample with the first and the last), and random subsets after them up
+# to N states in all, plus the end of the log.  Each state must
+#   - pass qemu-img check without corruption (leaked clusters are fine),
+#   - read, through qemu, every byte that a flush which had returned by
+#     then made durable (the shadow says what the client wrote and where
+#     the log stood when its flush returned), where any sector may also
+#     hold what a later write or zero put there, and nothing else.
+# With --create the storage starts out empty and is formatted by the
+# server with clusters of CLUSTER_SIZE: a state whose first cluster is
+# still all zeros is also fine, if no flush had returned yet
+# (qcow2-create can run again on it; --keep-unformatted keeps the last
+# such state, for the caller to show that).
+
+import argparse
+import os
+import random
+import struct
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from powerloss import SECTOR, identify, read_shadow, write_data  # noqa: E402
+
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 1, 2, 0x10
+
+
+def parse_log(path):
+    """The records, each with the log offset where it ends."""
+    data = open(path, "rb").read()
+    pos, recs = 0, []
+    while pos < len(data):
+        kind = chr(data[pos])
+        if kind == "W":
+            off, n = struct.unpack_from("<QI", data, pos + 1)
+            end = pos + 13 + n
+            recs.append(("W", end, off, data[pos + 13:end]))
+        elif kind == "F":
+            end = pos + 1
+            recs.append(("F", end))
+        elif kind == "T":
+            (length,) = struct.unpack_from("<Q", data, pos + 1)
+            end = pos + 9
+            recs.append(("T", end, length))
+        elif kind == "A":
+            mode, off, n = struct.unpack_from("<IQQ", data, pos + 1)
+            end = pos + 21
+            recs.append(("A", end, mode, off, n))
+        elif kind == "X":
+            (n,) = struct.unpack_from("<I", data, pos + 1)
+            sys.exit(f"{path}: the storage saw a call the harness cannot "
+                     f"model: {data[pos + 5:pos + 5 + n].decode()}")
+        else:
+            sys.exit(f"{path}: bad record {kind!r} at {pos}")
+        pos = end
+    return recs
+
+
+def apply(dev, rec, sectors=None):
+    """Apply REC to the bytearray DEV; for a write, only SECTORS (indexes
+    of its 512-byte pieces, split at the storage's sector boundaries)
+    if given.
+    """
+    if rec[0] == "W":
+        _, _, off, data = rec
+        if off + len(data) > len(dev):
+            dev.extend(bytes(off + len(data) - len(dev)))
+        if sectors is None:
+            dev[off:off + len(data)] = data
+        else:
+            for lo, hi in (pieces(off, len(data))[i] for i in sectors):
+                dev[lo:hi] = data[lo - off:hi - off]
+    elif rec[0] == "T":
+        length = rec[2]
+        if length < len(dev):
+            del dev[length:]
+        else:
+            dev.extend(bytes(length - len(dev)))
+    elif rec[0] == "A":
+        _, _, mode, off, n = rec
+        if not mode & FALLOC_FL_KEEP_SIZE and off + n > len(dev):
+            dev.extend(bytes(off + n - len(dev)))
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE):
+            end = min(off + n, len(dev))
+            if end > off:
+                dev[off:end] = bytes(end - off)
+
+
+def pieces(off, n):
+    """[lo, hi) of each 512-byte storage sector a write touches."""
+    out, lo = [], off
+    while lo < off + n:
+        hi = min((lo // SECTOR + 1) * SECTOR, off + n)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+# ------------------------------------------------------------ the worker
+# Each worker keeps the shadow and one expected guest disk, that of the
+# last flush it was asked about (states come roughly in log order).
+
+W = {}
+
+
+def unformatted(state, cluster):
+    head = bytes(state[:cluster])
+    return head.count(0) == len(head)
+
+
+def worker_init(shadow_path, initial_raw, vsize, create):
+    W["ops"] = read_shadow(shadow_path)
+    W["initial"] = (open(initial_raw, "rb").read() if initial_raw
+                    else bytes(vsize))
+    W["vsize"] = vsize
+    W["create"] = create
+    W["cached"] = None          # (flush index, bytearray)
+
+
+def expected_at(k):
+    """The guest disk when the k-th shadow entry (a flush) returned, or
+    at the start for k = -1.
+    """
+    ops = W["ops"]
+    cached = W["cached"]
+    if cached and cached[0] <= k:
+        start, disk = cached
+    else:
+        start, disk = -1, bytearray(W["initial"])
+    for op in ops[start + 1:k + 1]:
+        if op["op"] == "W":
+            disk[op["off"]:op["off"] + op["len"]] = write_data(
+                op["id"], op["off"], op["len"], op["c"])
+        elif op["op"] == "Z":
+            disk[op["off"]:op["off"] + op["len"]] = bytes(op["len"])
+    W["cached"] = (k, disk)
+    return disk
+
+
+def later_explains(k, sector, got):
+    """Did an operation after shadow entry k leave GOT in SECTOR?"""
+    lo = sector * SECTOR
+    for op in W["ops"][k + 1:]:
+        if op["op"] == "F" or not op["off"] <= lo < op["off"] + op["len"]:
+            continue
+        if (got == "Z") == (op["op"] == "Z") and (got == "Z" or got == op["id"]):
+            return True
+    return False
+
+
+def check_state(path, k, label):
+    """None if the state at PATH is fine with shadow entry K as the last
+    flush that must be durable (-1: none), else what is wrong.
+    """
+    try:
+        with open(path, "rb") as f:
+            first = f.read(W["create"] or 1)
+        if W["create"] and unformatted(first, W["create"]):
+            if k >= 0:
+                return "the first cluster is zero, but a flush had returned"
+            return None
+        r = subprocess.run(["qemu-img", "check", "-f", "qcow2", path],
+                           capture_output=True, text=True)
+        if r.returncode not in (0, 3) or "ERROR" in r.stdout:
+            return (f"qemu-img check exit {r.returncode}:\n"
+                    f"{r.stdout}{r.stderr}")
+        raw = path + ".raw"
+        r = subprocess.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw",
+                            path, raw], capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"qemu-img convert failed: {r.stderr}"
+        got = open(raw, "rb").read()
+        os.unlink(raw)
+        want = expected_at(k)
+        if len(got) != W["vsize"]:
+            return f"the disk is {len(got)} bytes, not {W['vsize']}"
+        if got == want:
+            return None
+        for c in range(0, len(got), 65536):
+            if got[c:c + 65536] == want[c:c + 65536]:
+                continue
+            for s in range(c // SECTOR, min(c + 65536, len(got)) // SECTOR):
+                a = got[s * SECTOR:(s + 1) * SECTOR]
+                if a == want[s * SECTOR:(s + 1) * SECTOR]:
+                    continue
+                what = identify(a, s)
+                if what is None:
+                    return f"guest sector {s} holds data no write put there"
+                if not later_explains(k, s, what):
+                    expect = identify(bytes(want[s * SECTOR:(s + 1) * SECTOR]), s)
+                    return (f"guest sector {s} holds {what!r}, but a returned "
+                            f"flush (shadow entry {k}) had made {expect!r} "
+                            f"durable there: flushed data lost")
+        return None
+    finally:
+        os.unlink(path)
+
+
+# ------------------------------------------------------------ the main
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--shadow", required=True)
+    ap.add_argument("--initial", required=True)
+    ap.add_argument("--initial-raw")
+    ap.add_argument("--size", type=int, required=True)
+    ap.add_argument("--states", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--create", type=int, default=0)
+    ap.add_argument("--keep-unformatted")
+    ap.add_argument("--workdir", default=".")
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+
+    recs = parse_log(a.log)
+    ops = read_shadow(a.shadow)
+    flushes = [(i, op["pos"]) for i, op in enumerate(ops) if op["op"] == "F"]
+    if not flushes:
+        sys.exit(f"{a.name}: the client logged no flush")
+
+    # Intervals: the records after each flush (the first: before any).
+    intervals, ends = [[]], [0]
+    for rec in recs:
+        if rec[0] == "F":
+            intervals.append([])
+            ends.append(rec[1])
+        else:
+            intervals[-1].append(rec)
+    n = len(intervals)
+    if n * 2 <= a.states:
+        chosen = list(range(n))
+    else:
+        chosen = sorted({0, n - 1} | set(rng.sample(range(n), a.states // 2)))
+
+    def required(end):
+        """The last shadow flush whose records all lie before END."""
+        k = -1
+        for i, pos in flushes:
+            if pos <= end:
+                k = i
+        return k
+
+    # The states, in log order: (label, interval, subset, torn) where
+    # subset is None (nothing after the flush), "all", or a list of
+    # (record index, sectors or None).
+    plan = [(j, None) for j in chosen]
+    plan.append((n - 1, "all"))
+    budget = a.states - len(plan)
+    candidates = [j for j in chosen
+                  if len(intervals[j]) > 1 or
+                  (intervals[j] and intervals[j][0][0] == "W" and
+                   len(pieces(intervals[j][0][2], len(intervals[j][0][3]))) > 1)]
+    extra = []
+
+    def random_subset(records):
+        """Some of RECORDS, some writes torn; neither none nor all whole
+        (those are flush boundaries), or None after a few tries.
+        """
+        for _ in range(20):
+            subset = []
+            for idx, rec in enumerate(records):
+                if rng.random() < 0.5:
+                    continue
+                sectors = None
+                if rec[0] == "W" and rng.random() < 0.3:
+                    count = len(pieces(rec[2], len(rec[3])))
+                    if count > 1:
+                        sectors = sorted(rng.sample(range(count),
+                                                    rng.randrange(1, count)))
+                subset.append((idx, sectors))
+            torn = any(sec is not None for _, sec in subset)
+            if subset and (len(subset) < len(records) or torn):
+                return subset
+        return None
+
+    while budget > 0 and candidates:
+        for j in candidates:
+            if budget == 0:
+                break
+            subset = random_subset(intervals[j])
+            if subset is not None:
+                extra.append((j, subset))
+                budget -= 1
+    plan += extra
+    plan.sort(key=lambda p: p[0])
+
+    counts = {"boundary": 0, "subset": 0, "torn": 0, "unformatted": 0}
+    failures = []
+    keep_candidate = None
+    dev = bytearray(open(a.initial, "rb").read()) if a.initial != "none" else bytearray()
+    applied = 0                 # intervals fully applied to dev
+    futures = []
+    done = 0
+
+    def collect(entry):
+        label, fut = entry
+        err = fut.result()
+        if err:
+            failures.append((label, err))
+
+    with ProcessPoolExecutor(a.jobs, initializer=worker_init,
+                             initargs=(a.shadow, a.initial_raw, a.size,
+                                       a.create)) as pool:
+        for number, (j, subset) in enumerate(plan):
+            while applied < j:
+                for rec in intervals[applied]:
+                    apply(dev, rec)
+                applied += 1
+            state = bytearray(dev)
+            if subset == "all":
+                for rec in intervals[j]:
+                    apply(state, rec)
+                label, end = "end of the log", len(open(a.log, "rb").read())
+            else:
+                for idx, sectors in subset or []:
+                    apply(state, intervals[j][idx], sectors)
+                torn = any(s is not None for _, s in subset or [])
+                label = ("flush boundary %d" % j if subset is None else
+                         "boundary %d + %d of %d later records%s" %
+                         (j, len(subset), len(intervals[j]),
+                          " (torn)" if torn else ""))
+                end = ends[j]
+                counts["boundary" if subset is None else
+                       "torn" if torn else "subset"] += 1
+            if a.create and unformatted(state, a.create):
+                counts["unformatted"] += 1
+                keep_candidate = bytes(state)
+            path = os.path.join(a.workdir, f"state-{number}.img")
+            with open(path, "wb") as f:
+                f.write(state)
+            futures.append((label, pool.submit(check_state, path,
+                                               required(end), label)))
+            # A few states on disk at a time, not all of them.
+            while len(futures) - done >= 2 * a.jobs:
+                collect(futures[done])
+                done += 1
+        while done < len(futures):
+            collect(futures[done])
+            done += 1
+
+    if a.keep_unformatted and keep_candidate is not None:
+        with open(a.keep_unformatted, "wb") as f:
+            f.write(keep_candidate)
+    total = len(futures)
+    print(f"{a.name}: {total} crash states checked ({counts['boundary']} at "
+          f"flush boundaries, {counts['subset']} with later writes, "
+          f"{counts['torn']} with torn writes, 1 at the end of the log"
+          + (f"; {counts['unformatted']} not formatted yet" if a.create else "")
+          + f") from {len(recs)} records, {len(flushes)} client flushes: "
+          + ("none corrupt, none with lost flushed data" if not failures else
+             f"{len(failures)} FAILED"))
+    for label, err in failures[:5]:
+        print(f"  {label}: {err}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

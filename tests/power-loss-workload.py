@@ -1,0 +1,101 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
+# The client side of the power-loss harness: one of a few workloads,
+# written through libnbd to the server under test, with every operation
+# logged to the shadow as it returns (see powerloss.py).
+#
+#   power-loss-workload.py WORKLOAD URI DEVICE_LOG SHADOW CLUSTER_SIZE SEED [SPAN]
+#
+# WORKLOAD:
+#   random     writes of 512 bytes to three clusters anywhere, text and
+#              random data, some zeroes, a flush every few operations
+#   cow        writes of parts of clusters (into a compressed image: the
+#              copy-on-write of compressed clusters)
+#   compress   whole clusters and runs of them, text and random, some
+#              overwritten, some parts of clusters (for qcow2-compress)
+#   sequential SPAN bytes from the start, 64 KiB at a time (enough of
+#              them grow the refcount table)
+#   reuse      SPAN bytes written, trimmed and written elsewhere, twice
+#              over (with SPAN near the room in the file: the freed
+#              clusters must be reused)
+
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import nbd  # noqa: E402
+from powerloss import SECTOR, Shadow  # noqa: E402
+
+name, uri, device_log, shadow_path = sys.argv[1:5]
+cluster, seed = int(sys.argv[5]), int(sys.argv[6])
+span = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+rng = random.Random(seed)
+h = nbd.NBD()
+h.connect_uri(uri)
+size = h.get_size()
+sh = Shadow(shadow_path, device_log)
+
+
+def some_range(max_len):
+    n = rng.randrange(1, max_len // SECTOR + 1) * SECTOR
+    off = rng.randrange(0, (size - n) // SECTOR + 1) * SECTOR
+    return off, n
+
+
+if name == "random":
+    for i in range(36):
+        if rng.randrange(8) == 0:
+            sh.zero(h, *some_range(3 * cluster))
+        else:
+            sh.write(h, *some_range(min(3 * cluster, 192 << 10)),
+                     rng.randrange(2) == 0)
+        if i % 4 == 3:
+            sh.flush(h)
+elif name == "cow":
+    for i in range(30):
+        c = rng.randrange(size // cluster)
+        n = rng.randrange(1, cluster // SECTOR) * SECTOR
+        start = rng.randrange(0, (cluster - n) // SECTOR + 1) * SECTOR
+        sh.write(h, c * cluster + start, n, rng.randrange(2) == 0)
+        if i % 3 == 2:
+            sh.flush(h)
+elif name == "compress":
+    done = []
+    for i in range(30):
+        kind = rng.randrange(10)
+        if kind < 6 or not done:
+            n = rng.randrange(1, 9) * cluster
+            off = rng.randrange(0, (size - n) // cluster + 1) * cluster
+        elif kind < 8:
+            off, n = rng.choice(done)           # overwrite compressed data
+        else:
+            off, n = some_range(cluster)        # part of a cluster
+        sh.write(h, off, n, rng.randrange(10) < 7)
+        done.append((off, n))
+        if i % 3 == 2:
+            sh.flush(h)
+elif name == "sequential":
+    chunk = 64 << 10
+    for i, off in enumerate(range(0, span, chunk)):
+        sh.write(h, off, chunk, rng.randrange(2) == 0)
+        if i % 8 == 7:
+            sh.flush(h)
+elif name == "reuse":
+    chunk = 64 << 10
+    areas = [0, size // 2]
+    for rnd in range(3):
+        area = areas[rnd % 2]
+        for i, off in enumerate(range(area, area + span, chunk)):
+            sh.write(h, off, chunk, False)
+            if i % 6 == 5:
+                sh.flush(h)
+        sh.flush(h)
+        # Whole clusters: they read as zeros, and their clusters are free
+        # once the metadata that dropped them is on disk.
+        sh.trim(h, area, span)
+        sh.flush(h)
+else:
+    sys.exit(f"unknown workload {name}")
+sh.flush(h)
+h.shutdown()

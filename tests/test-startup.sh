@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# What a user can get wrong on the command line is refused at start-up,
+# before anything is opened or formatted, with the same message in the
+# filter and the plugin form: -r with qcow2-create (however nbdkit's
+# command line spells -r), qcow2-force-share without -r, a compression
+# level out of the range of the type to be created, a bad cluster size,
+# qcow2-backing with qcow2-create, a level with qcow2-compress=false,
+# a bad qcow2-locking, and in the plugin form a missing file (unless
+# creating).  The device is left as it was, and no file is made.
+source "${top_srcdir:-.}/tests/functions.sh"
+requires sha256sum
+[ -f "$PLUGIN" ] || fail "the plugin is not built: $PLUGIN"
+
+cd "$TMPDIR_TEST"
+truncate -s 8M device.img
+before=$(sha256sum < device.img)
+
+# refused WHAT PATTERN NBDKIT-OPTIONS -- PARAMS: both forms refuse to
+# start, with the same message, which holds PATTERN.
+refused ()
+{
+    local what=$1 pattern=$2
+    shift 2
+    local opts=() form msg first=""
+    while [ "$1" != -- ]; do opts+=("$1"); shift; done
+    shift
+    for form in filter plugin; do
+        rm -f new.qcow2
+        local args
+        if [ $form = filter ]; then
+            args=(--filter="$FILTER" file device.img)
+        else
+            args=("$PLUGIN" new.qcow2)
+        fi
+        if NBDKIT_TIMEOUT=120 run_nbdkit -U - "${opts[@]}" "${args[@]}" "$@" \
+            --run true 2> err.out; then
+            fail "$what ($form): nbdkit started"
+        fi
+        grep -q -- "$pattern" err.out || { cat err.out; fail "$what ($form): no '$pattern'"; }
+        msg=$(grep -o "error: .*" err.out | head -1)
+        if [ -z "$first" ]; then
+            first=$msg
+        elif [ "$msg" != "$first" ]; then
+            fail "$what: the forms say different things: '$first' and '$msg'"
+        fi
+        [ "$(sha256sum < device.img)" = "$before" ] || fail "$what ($form): the device changed"
+        [ ! -e new.qcow2 ] || fail "$what ($form): a file was made"
+    done
+    echo "$what: $first"
+}
+
+# started WHAT NBDKIT-OPTIONS -- PARAMS: both forms start.
+started ()
+{
+    local what=$1
+    shift
+    local opts=() form
+    while [ "$1" != -- ]; do opts+=("$1"); shift; done
+    shift
+    for form in filter plugin; do
+        local args
+        if [ $form = filter ]; then
+            args=(--filter="$FILTER" file device.img)
+        else
+            args=("$PLUGIN" new.qcow2)
+        fi
+        rm -f new.qcow2
+        NBDKIT_TIMEOUT=120 run_nbdkit -U - "${opts[@]}" "${args[@]}" "$@" \
+            --run true 2> err.out || { cat err.out; fail "$what ($form): refused"; }
+    done
+    echo "$what: started"
+}
+
+R="qcow2-create: cannot create an image read-only (nbdkit -r)"
+refused "-r with qcow2-create" "$R" -r -- qcow2-create=1M
+refused "--readonly with qcow2-create" "$R" --readonly -- qcow2-create=1M
+refused "--read-only with qcow2-create" "$R" --read-only -- qcow2-create=1M
+refused "--read (abbreviated) with qcow2-create" "$R" --read -- qcow2-create=1M
+refused "-vr (grouped) with qcow2-create" "$R" -vr -- qcow2-create=1M
+refused "-r after the plugin with qcow2-create" "$R" -- qcow2-create=1M -r
+# -r as the value of an option is not -r.
+started "-e -r (an export named -r) with qcow2-create" -e -r -- qcow2-create=1M
+started "-D qcow2zstd.image=1 (no r) with qcow2-create" -D qcow2zstd.image=1 -- qcow2-create=1M
+
+refused "qcow2-force-share without -r" "qcow2-force-share: only applies with -r" -- \
+    qcow2-create=1M qcow2-force-share=true
+refused "zlib level 15" "qcow2-compression-level: 15 is out of range for zlib (1 to 9)" -- \
+    qcow2-create=1M qcow2-compression-type=zlib qcow2-compression-level=15
+refused "zstd level 23" "qcow2-compression-level" -- \
+    qcow2-create=1M qcow2-compression-level=23
+refused "cluster size not a power of 2" "qcow2-cluster-size: 3000 is not a power of 2" -- \
+    qcow2-create=1M qcow2-cluster-size=3000
+refused "cluster size without qcow2-create" "only apply with qcow2-create" -- qcow2-cluster-size=4K
+refused "qcow2-backing with qcow2-create" "qcow2-backing: an image made by qcow2-create has no backing file" -- \
+    qcow2-create=1M qcow2-backing=device.img
+refused "a level with qcow2-compress=false" "qcow2-compression-level: only applies to compressed writes" -- \
+    qcow2-create=1M qcow2-compress=false qcow2-compression-level=5
+refused "qcow2-locking=maybe" "qcow2-locking: 'maybe' is neither on nor off" -- \
+    qcow2-create=1M qcow2-locking=maybe
+
+# The plugin's own file.
+for args in "missing.qcow2" "missing.qcow2 qcow2-compress=true"; do
+    # shellcheck disable=SC2086
+    if NBDKIT_TIMEOUT=120 run_nbdkit -U - "$PLUGIN" $args --run true 2> err.out; then
+        fail "plugin $args: started"
+    fi
+    grep -q "missing.qcow2: No such file or directory" err.out || { cat err.out; fail "plugin $args: no message"; }
+done
+echo "plugin, missing file: $(grep -o "error: .*" err.out | head -1)"
+if NBDKIT_TIMEOUT=120 run_nbdkit -U - "$PLUGIN" nodir/new.qcow2 qcow2-create=1M --run true 2> err.out; then
+    fail "plugin: qcow2-create in a missing directory started"
+fi
+grep -q "qcow2-create: cannot create .*nodir/new.qcow2" err.out || { cat err.out; fail "plugin: no message for a missing directory"; }
+echo "plugin, qcow2-create in a missing directory: $(grep -o "error: .*" err.out | head -1)"
+mkdir -p adir
+if NBDKIT_TIMEOUT=120 run_nbdkit -U - "$PLUGIN" adir --run true 2> err.out; then
+    fail "plugin: a directory as the image started"
+fi
+grep -q "adir: not a regular file or block device" err.out || { cat err.out; fail "plugin: no message for a directory"; }
+echo "plugin, a directory: $(grep -o "error: .*" err.out | head -1)"
+# An existing image's type: the plugin reads it from the header at
+# start-up (the filter can only when a client connects).
+requires qemu-img
+qemu-img create -q -f qcow2 -o compression_type=zlib zlib.qcow2 16M
+zlib_before=$(sha256sum < zlib.qcow2)
+if NBDKIT_TIMEOUT=120 run_nbdkit -U - "$PLUGIN" zlib.qcow2 qcow2-compress=true \
+    qcow2-compression-level=15 --run true 2> err.out; then
+    fail "plugin: level 15 for a zlib image started"
+fi
+grep -q "qcow2-compression-level: 15 is out of range for zlib (1 to 9)" err.out ||
+    { cat err.out; fail "plugin: no message for level 15 on a zlib image"; }
+[ "$(sha256sum < zlib.qcow2)" = "$zlib_before" ] || fail "the zlib image changed"
+echo "plugin, level 15 for an existing zlib image: $(grep -o "error: .*" err.out | head -1)"
+[ "$(sha256sum < device.img)" = "$before" ] || fail "the device changed"
