@@ -9,8 +9,8 @@
 #   equal to a raw mirror of the same operations;
 # - images made by qcow2-create with qcow2-encrypt-format=luks open in
 #   qemu with the same passphrase and hold what was copied in;
-# - a wrong or missing passphrase is refused at open, saying so, in both
-#   forms, and the file is not changed; nbdkit's password conventions
+# - a wrong or missing passphrase is refused at open (the plugin form: at
+#   start-up), saying so, in both forms, and the file is not changed; nbdkit's password conventions
 #   (+FILE, -FD); the key slot unlocked once for connections that come one
 #   after the other; legacy AES refused with its message; compression
 #   with encryption refused with qemu's message.
@@ -178,12 +178,24 @@ expect_refusal ()
 }
 expect_refusal "filter, wrong passphrase" "qcow2-passphrase: wrong passphrase" \
     --filter="$FILTER" file xts.qcow2 qcow2-passphrase=wrong
-expect_refusal "plugin, wrong passphrase" "qcow2-passphrase: wrong passphrase" \
-    "$PLUGIN" xts.qcow2 qcow2-passphrase=wrong
 expect_refusal "filter, no passphrase" "give its passphrase with qcow2-passphrase" \
     --filter="$FILTER" file xts.qcow2
-expect_refusal "plugin, no passphrase" "give its passphrase with qcow2-passphrase" \
-    "$PLUGIN" xts.qcow2
+# The plugin form opens its file at start-up: nbdkit stops there.
+plugin_refusal ()
+{
+    local what=$1 pattern=$2 before
+    shift 2
+    before=$(md5sum < xts.qcow2)
+    if run_nbdkit -U - "$PLUGIN" xts.qcow2 "$@" --run true > start.out 2>&1; then
+        fail "$what: nbdkit started"
+    fi
+    grep -q -- "$pattern" start.out || { cat start.out; fail "$what: no error saying '$pattern'"; }
+    [ "$(md5sum < xts.qcow2)" = "$before" ] || fail "$what: the image changed"
+    echo "$what: nbdkit refuses to start ('$(grep -o -m1 -- "$pattern.*" start.out | cut -c1-90)'), file unchanged"
+}
+plugin_refusal "plugin, wrong passphrase" "qcow2-passphrase: wrong passphrase" \
+    qcow2-passphrase=wrong
+plugin_refusal "plugin, no passphrase" "give its passphrase with qcow2-passphrase"
 expect_refusal "compressed writes" "Compression and encryption not supported at the same time" \
     --filter="$FILTER" file xts.qcow2 "qcow2-passphrase=$PASS" qcow2-compress=true
 

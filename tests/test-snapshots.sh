@@ -98,7 +98,11 @@ for line in 'snapshot id 1 name "base"' 'snapshot id 2 name "2"' \
             'serving snapshot id 3 name "mid"'; do
     grep -q "$line" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "debug: no '$line'"; }
 done
-echo "a missing snapshot refused listing the image's; -D qcow2zstd.image=1 lists all four and the one served"
+if run_nbdkit -U - -r "$PLUGIN" snap.qcow2 qcow2-snapshot=nope --run true > start.out 2>&1; then
+    fail "plugin: started with a missing snapshot"
+fi
+grep -q 'qcow2-snapshot: .*nope' start.out || { cat start.out; fail "plugin: no message for a missing snapshot"; }
+echo "a missing snapshot refused listing the image's (the plugin at start-up); -D qcow2zstd.image=1 lists all four and the one served"
 
 # ------------------------------------------------ writing the active layer
 # write_active NAME IMG CLUSTER_SIZE [NBDKIT ARGS...]: a random workload
