@@ -6,7 +6,7 @@
 #   power-loss-check.py --name NAME --log LOG --shadow SHADOW
 #       --initial DEVICE|none --size VIRTUAL_SIZE [--initial-raw RAW]
 #       [--states N] [--seed S] [--create CLUSTER_SIZE]
-#       [--keep-unformatted PATH]
+#       [--keep-unformatted PATH] [--secret FILE] [--snapshot ID=RAW]...
 #       [--workdir DIR] [--jobs J]
 #
 # A crash state is what the storage may hold after a power loss: every
@@ -24,7 +24,10 @@
 # server with clusters of CLUSTER_SIZE: a state whose first cluster is
 # still all zeros is also fine, if no flush had returned yet
 # (qcow2-create can run again on it; --keep-unformatted keeps the last
-# such state, for the caller to show that).
+# such state, for the caller to show that).  With --secret, the image is
+# LUKS-encrypted and qemu opens it with the passphrase in FILE.  Each
+# --snapshot ID=RAW is an internal snapshot that every state must still
+# hold exactly as RAW (qemu-img convert -l snapshot.id=ID).
 
 import argparse
 import os
@@ -123,7 +126,9 @@ def unformatted(state, cluster):
     return head.count(0) == len(head)
 
 
-def worker_init(shadow_path, initial_raw, vsize, create):
+def worker_init(shadow_path, initial_raw, vsize, create, secret, snapshots):
+    W["secret"] = os.path.abspath(secret) if secret else None
+    W["snapshots"] = [(i, open(raw, "rb").read()) for i, raw in snapshots]
     W["ops"] = read_shadow(shadow_path)
     W["initial"] = (open(initial_raw, "rb").read() if initial_raw
                     else bytes(vsize))
@@ -174,14 +179,32 @@ def check_state(path, k, label):
             if k >= 0:
                 return "the first cluster is zero, but a flush had returned"
             return None
-        r = subprocess.run(["qemu-img", "check", "-f", "qcow2", path],
+        if W["secret"]:
+            image = ["--object", f"secret,id=s0,file={W['secret']}",
+                     "--image-opts",
+                     f"driver=qcow2,file.filename={path},encrypt.key-secret=s0"]
+        else:
+            image = ["-f", "qcow2", path]
+        r = subprocess.run(["qemu-img", "check"] + image,
                            capture_output=True, text=True)
         if r.returncode not in (0, 3) or "ERROR" in r.stdout:
             return (f"qemu-img check exit {r.returncode}:\n"
                     f"{r.stdout}{r.stderr}")
         raw = path + ".raw"
-        r = subprocess.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw",
-                            path, raw], capture_output=True, text=True)
+        for sid, want_snap in W["snapshots"]:
+            r = subprocess.run(["qemu-img", "convert", "-l",
+                                f"snapshot.id={sid}"] + image[:-1] +
+                               ["-O", "raw", image[-1], raw],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                return f"qemu-img convert -l {sid} failed: {r.stderr}"
+            got = open(raw, "rb").read()
+            os.unlink(raw)
+            if got != want_snap:
+                return f"snapshot {sid} changed"
+        r = subprocess.run(["qemu-img", "convert"] + image[:-1] +
+                           ["-O", "raw", image[-1], raw],
+                           capture_output=True, text=True)
         if r.returncode != 0:
             return f"qemu-img convert failed: {r.stderr}"
         got = open(raw, "rb").read()
@@ -224,6 +247,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--create", type=int, default=0)
     ap.add_argument("--keep-unformatted")
+    ap.add_argument("--secret")
+    ap.add_argument("--snapshot", action="append", default=[])
     ap.add_argument("--workdir", default=".")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
@@ -317,7 +342,8 @@ def main():
 
     with ProcessPoolExecutor(a.jobs, initializer=worker_init,
                              initargs=(a.shadow, a.initial_raw, a.size,
-                                       a.create)) as pool:
+                                       a.create, a.secret,
+                                       [x.split("=", 1) for x in a.snapshot])) as pool:
         for number, (j, subset) in enumerate(plan):
             while applied < j:
                 for rec in intervals[applied]:
