@@ -37,6 +37,8 @@ qcow2zstd_install_deps ()
         fuse3 fuse2fs                   # nbdfuse + fuse2fs mount test
         time                            # GNU /usr/bin/time for peak RSS
         valgrind
+        mount                           # losetup: test-mount's loop round
+        gdb                             # where a server hangs, when one does
         # a real kernel, a VM and a web server (tests/guest-functions.sh,
         # test-mount-kernel.sh, test-vm-disk.sh, tests/nginx-functions.sh)
         qemu-system-x86                 # qemu-system-x86_64 boots the test guest

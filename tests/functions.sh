@@ -3,10 +3,30 @@
 # the filter from the build tree, skipping when a tool is missing, and a
 # scratch directory removed at exit.
 #
+# Every nbdkit a test starts is watched to its end.  A server that exits
+# with anything but 0 after SIGTERM (a crash or an abort at shutdown, at
+# a client's disconnect or at any time before), that does not exit
+# within a time limit of SIGTERM (a hang in .unload), or whose log or
+# sanitizer output shows an error, fails the test that started it, and
+# so does a server still running when the test ends: the exit trap stops
+# it the same way.  Runs in the foreground (run_nbdkit, --run) are timed
+# and their exit status judged alike; a server nbdkit forks into the
+# background is collected by tests/reaper.py.  Every client call
+# (nbdcopy, nbdinfo, nbdsh, qemu-img, qemu-io, python3) has a time
+# limit, and so has the whole test: a hang is a failure that names what
+# hung, never a stuck make check.
+#
 # Variables set by the Makefile (TESTS_ENVIRONMENT); each has a default so
 # that a test can also be run by hand from the top of the build tree:
 #   FILTER        the built filter, .libs/nbdkit-qcow2zstd-filter.so
+#   PLUGIN        the built plugin
 #   top_srcdir, top_builddir
+#   SANITIZERS=yes  the build has ASan + UBSan: nbdkit gets their runtimes
+#   VALGRIND=1      every server runs under valgrind
+# Time limits, in seconds (doubled under valgrind):
+#   QCOW2ZSTD_TEST_TIMEOUT  the whole test (default 1200)
+#   QCOW2ZSTD_CALL_TIMEOUT  one client call or foreground nbdkit (300)
+#   QCOW2ZSTD_STOP_TIMEOUT  a server's exit after SIGTERM (30)
 
 set -euo pipefail
 
@@ -20,48 +40,88 @@ export PATH="/usr/bin:$PATH"
 : "${PLUGIN:=$top_builddir/plugins/qcow2zstd/.libs/nbdkit-qcow2zstd-plugin.so}"
 export FILTER PLUGIN
 
-# Exit 77 (skip) with a reason unless every named command exists.
+# skip REASON: the whole test cannot run here (exit 77, counted and
+# printed by .ci/run with REASON).
+skip ()
+{
+    echo "SKIP: ${0##*/}: $*"
+    exit 77
+}
+
+# skip_section REASON: one part of the test cannot run here; the rest
+# goes on.  .ci/run counts and prints these lines.
+skip_section ()
+{
+    echo "SKIP-SECTION: ${0##*/}: $*"
+}
+
+# Exit 77 (skip) with a reason unless every named command exists (as a
+# program: the client commands below are also shell functions).
 requires ()
 {
     local cmd
     for cmd in "$@"; do
-        if ! command -v "$cmd" >/dev/null 2>&1; then
-            echo "$0: skipped: '$cmd' is not installed"
-            exit 77
-        fi
+        type -P "$cmd" >/dev/null 2>&1 || skip "'$cmd' is not installed"
     done
 }
 
-requires nbdkit qemu-img
+requires nbdkit qemu-img timeout
 
 if [ ! -f "$FILTER" ]; then
     echo "$0: the filter is not built: $FILTER" >&2
     exit 1
 fi
 
-# Under --enable-sanitizers the filter needs the sanitizer runtimes loaded
-# into nbdkit, which is not built with them.
+# The test's own stderr (its log): failures are reported there even from
+# a call whose stderr the test sends elsewhere (run_nbdkit ... 2> file).
+exec {_TEST_STDERR}>&2
+
+TMPDIR_TEST=$(mktemp -d "${TMPDIR:-/tmp}/qcow2zstd-test.XXXXXX")
+# Sanitizer and valgrind reports of every nbdkit land here, whatever the
+# test does with nbdkit's stderr (and a daemon has none).
+_REPORTS=$TMPDIR_TEST/.reports
+mkdir "$_REPORTS"
+
+_slow=1
+[ "${VALGRIND:-0}" = 1 ] && _slow=2
+TEST_TIMEOUT=$(( ${QCOW2ZSTD_TEST_TIMEOUT:-1200} * _slow ))
+CALL_TIMEOUT=$(( ${QCOW2ZSTD_CALL_TIMEOUT:-300} * _slow ))
+STOP_TIMEOUT=$(( ${QCOW2ZSTD_STOP_TIMEOUT:-30} * _slow ))
+
+# tests/crash-report.c, preloaded into nbdkit: a process killed by a
+# crash signal says so on stderr (nbdkit --run exits with the command's
+# status whatever its server died of).
+: "${CRASH_REPORT:=$top_builddir/tests/.libs/crash-report.so}"
+_preload=
+[ ! -f "$CRASH_REPORT" ] || _preload=$CRASH_REPORT
 NBDKIT_ENV=()
+[ -z "$_preload" ] || NBDKIT_ENV=(env "LD_PRELOAD=$_preload")
+
+# Under --enable-sanitizers the filter needs the sanitizer runtimes loaded
+# into nbdkit, which is not built with them.  An ASan error aborts nbdkit
+# (status 134) and its report goes to $_REPORTS; UBSan's go to stderr.
+# tests/asan-locale-fix.c goes with it: with libasan preloaded, nbdkit
+# otherwise hangs in exit (in libp11-kit's destructor) after any error
+# message that glibc translated.
+: "${ASAN_LOCALE_FIX:=$top_builddir/tests/.libs/asan-locale-fix.so}"
 if [ "${SANITIZERS:-no}" = yes ]; then
+    [ ! -f "$ASAN_LOCALE_FIX" ] || _preload=${_preload:+$_preload:}$ASAN_LOCALE_FIX
     NBDKIT_ENV=(env
-        "LD_PRELOAD=$(${CC:-gcc} -print-file-name=libasan.so)"
-        "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1"
+        "LD_PRELOAD=$(${CC:-gcc} -print-file-name=libasan.so)${_preload:+:$_preload}"
+        "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$_REPORTS/asan"
         "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 fi
 
 # VALGRIND=1 (make check-valgrind) runs every server under valgrind; a
-# server that valgrind found an invalid access or a leak in exits 99,
-# which stop_server turns into a test failure.
+# server that valgrind found an invalid access or a leak in exits 99.
 if [ "${VALGRIND:-0}" = 1 ]; then
     requires valgrind
     NBDKIT_ENV=(valgrind --quiet --error-exitcode=99 --leak-check=full
                 --errors-for-leak-kinds=definite --show-leak-kinds=definite
                 --trace-children=no --child-silent-after-fork=yes
+                "--log-file=$_REPORTS/valgrind.%p"
                 "--suppressions=$top_srcdir/tests/valgrind.supp")
 fi
-
-TMPDIR_TEST=$(mktemp -d "${TMPDIR:-/tmp}/qcow2zstd-test.XXXXXX")
-_pids=()
 
 # Every process a test starts inherits this tag.  The cleanup signals
 # only processes that carry this test's tag: a pid recorded for a server
@@ -71,46 +131,234 @@ _pids=()
 QCOW2ZSTD_TEST_TAG="$$.$RANDOM.$RANDOM"
 export QCOW2ZSTD_TEST_TAG
 
-# _ours PID: is PID a live process started by this test?
+# Pids the cleanup kills, if still running (kept for the tests that add
+# theirs; the cleanup also kills every other process with the tag).
+_pids=()
+
+# _ours PID: is PID a live process started by this test?  Pure bash: a
+# helper process would carry the tag too.
 _ours ()
 {
-    tr '\0' '\n' 2>/dev/null < "/proc/$1/environ" |
-        grep -qx "QCOW2ZSTD_TEST_TAG=$QCOW2ZSTD_TEST_TAG"
+    local e
+    while IFS= read -r -d '' e; do
+        [ "$e" = "QCOW2ZSTD_TEST_TAG=$QCOW2ZSTD_TEST_TAG" ] && return 0
+    done 2>/dev/null < "/proc/$1/environ"
+    return 1
 }
 
-_cleanup ()
+# _our_processes: the pids of this test's processes, but for this shell
+# and the one asking.
+_our_processes ()
 {
-    local pid
-    for pid in "${_pids[@]}"; do
-        if _ours "$pid"; then kill "$pid" 2>/dev/null || true; fi
+    local f pid
+    for f in $(grep -lzx "QCOW2ZSTD_TEST_TAG=$QCOW2ZSTD_TEST_TAG" /proc/[0-9]*/environ 2>/dev/null); do
+        pid=${f#/proc/}
+        pid=${pid%/environ}
+        [ "$pid" = $$ ] || [ "$pid" = "$BASHPID" ] || ! _ours "$pid" || echo "$pid"
     done
-    for pid in "${_pids[@]}"; do
-        # Wait for the server to go, so its socket and files can be removed.
-        if _ours "$pid"; then _wait_gone "$pid" 100 || true; fi
-    done
-    rm -rf "$TMPDIR_TEST"
 }
-trap _cleanup EXIT
 
-# Run nbdkit with the filter (and any extra arguments) through the
-# sanitizer environment if there is one.  Usage as for nbdkit itself.
-# With NBDKIT_TIMEOUT=SECONDS set, nbdkit is killed after that long: for
-# runs expected to end by themselves (a hang in glibc's exit path under
-# the sanitizer runtimes was seen once).  Not for servers started in the
-# background, whose pid must be nbdkit's.
-run_nbdkit ()
+# _alive PID: PID exists and has not exited (a zombie has).
+_alive ()
 {
-    if [ -n "${NBDKIT_TIMEOUT:-}" ]; then
-        timeout -k 10 "$NBDKIT_TIMEOUT" "${NBDKIT_ENV[@]}" nbdkit "$@"
+    local stat
+    { read -r stat < "/proc/$1/stat"; } 2>/dev/null || return 1
+    stat=${stat##*) }
+    [ "${stat%% *}" != Z ]
+}
+
+# _describe_status STATUS: "status N" or the signal that ended it.
+_describe_status ()
+{
+    if [[ ! $1 =~ ^[0-9]+$ ]]; then
+        echo "status $1"
+    elif [ "$1" -gt 128 ] && [ "$1" -lt 160 ]; then
+        echo "signal $(kill -l "$(( $1 - 128 ))" 2>/dev/null || echo "$(( $1 - 128 ))") (status $1)"
     else
-        "${NBDKIT_ENV[@]}" nbdkit "$@"
+        echo "status $1"
     fi
+}
+
+# _backtrace PID: every thread's stack of a hung process, if gdb is here.
+_backtrace ()
+{
+    if type -P gdb > /dev/null; then
+        timeout 60 gdb -p "$1" -batch -ex 'thread apply all bt' 2>&1 |
+            grep -E '^(Thread|#)' | head -n 200 || true
+    else
+        echo "(no gdb to show where it hangs)"
+    fi
+}
+
+# _reports: print the sanitizer and valgrind reports collected so far;
+# false if there are none.
+_reports ()
+{
+    local f found=1
+    for f in "$_REPORTS"/*; do
+        [ -s "$f" ] || continue
+        echo "----- ${f##*/}"
+        head -n 80 "$f"
+        found=0
+    done
+    return $found
+}
+
+# _log_errors LOG: print the lines of a server log that show a crash or
+# a sanitizer report (nothing if there are none).
+_log_errors ()
+{
+    grep -E 'AddressSanitizer|LeakSanitizer|ThreadSanitizer|UndefinedBehaviorSanitizer|runtime error:|Assertion .* failed|Segmentation fault|stack smashing|double free|corrupted (size|double-linked)|qcow2zstd tests: process [0-9]+ killed by signal' \
+        "$1" 2>/dev/null | head -n 40 || true
+}
+
+# Failures inside $(...) or a background job cannot exit the test; they
+# leave this mark, which the exit trap turns into a failure.
+_mark_failed () { : > "$TMPDIR_TEST/.failed" 2>/dev/null || true; }
+
+# Fail the test with a message (and, when a server it started has died,
+# say so: the failing client is often only where that showed).
+fail ()
+{
+    echo "FAIL: $*" >&"$_TEST_STDERR"
+    _note_dead_servers >&"$_TEST_STDERR"
+    _mark_failed
+    exit 1
+}
+
+_note_dead_servers ()
+{
+    local pid how
+    for pid in "${!_server_what[@]}"; do
+        _alive "$pid" && continue
+        how=
+        if [ "$BASHPID" = $$ ]; then
+            _server_status "$pid"
+            how=" with $(_describe_status "$_status")"
+        fi
+        echo "note: ${_server_what[$pid]} (pid $pid) had already exited$how"
+        if [ -n "${_server_log[$pid]}" ]; then
+            echo "----- last lines of ${_server_log[$pid]}"
+            tail -n 20 "${_server_log[$pid]}"
+        fi
+        _unregister_server "$pid"
+    done
+}
+
+# ------------------------------------------------------------- servers
+# The servers being watched: their log and what they are, by pid; for a
+# server forked into the background, the directory where the reaper
+# writes its exit status.
+declare -A _server_log=() _server_what=() _server_reaper_dir=()
+
+# _register_server PID LOG WHAT [REAPER_DIR]
+_register_server ()
+{
+    _server_log[$1]=$2
+    _server_what[$1]=$3
+    [ -z "${4:-}" ] || _server_reaper_dir[$1]=$4
+    _pids+=("$1")
+}
+
+_unregister_server ()
+{
+    unset "_server_log[$1]" "_server_what[$1]" "_server_reaper_dir[$1]"
+}
+
+# _server_status PID: set _status to the exit status of a server that
+# has exited (not in a subshell: only this shell can wait for it).
+_server_status ()
+{
+    local dir=${_server_reaper_dir[$1]:-} i
+    _status=0
+    if [ -n "$dir" ]; then
+        # The reaper writes the file right after it reaps the process.
+        for (( i = 0; i < 100; i++ )); do
+            [ ! -s "$dir/exit.$1" ] || break
+            sleep 0.1
+        done
+        _status=$(cat "$dir/exit.$1" 2>/dev/null || echo unknown)
+    else
+        { wait "$1"; } 2>/dev/null || _status=$?
+    fi
+}
+
+# _server_end PID EXPECTED: wait for the server to exit (it has been
+# signalled, or has exited already), then judge it: it must have exited
+# with EXPECTED (0 after SIGTERM, 137 after SIGKILL; or a list of
+# statuses), within the time limit, and without an error in its log or a
+# sanitizer report.  Prints what is wrong and returns 1; never exits (it
+# also runs in the exit trap).
+_server_end ()
+{
+    local pid=$1 expected=$2
+    local log=${_server_log[$pid]:-} what=${_server_what[$pid]:-nbdkit} status i
+    local limit=$(( STOP_TIMEOUT * 10 ))
+    # (bash's notice of a job killed by a signal, printed when it reaps
+    # it during the loop, is not wanted: the status says it all.)
+    { for (( i = 0; i < limit; i++ )); do
+        _alive "$pid" || break
+        sleep 0.1
+    done; } 2>/dev/null
+    if _alive "$pid"; then
+        {
+            echo "FAIL: $what (pid $pid) did not exit within $STOP_TIMEOUT s of SIGTERM: it hangs at shutdown"
+            _backtrace "$pid"
+            [ -z "$log" ] || { echo "----- last lines of $log"; tail -n 30 "$log"; }
+        } >&"$_TEST_STDERR"
+        kill -9 "$pid" 2>/dev/null || true
+        _server_status "$pid"
+        _unregister_server "$pid"
+        return 1
+    fi
+    _server_status "$pid"
+    status=$_status
+    _unregister_server "$pid"
+    if [[ " $expected " != *" $status "* ]]; then
+        {
+            if [ "$status" = 99 ] && [ "${VALGRIND:-0}" = 1 ]; then
+                echo "FAIL: valgrind found errors in $what (pid $pid)"
+            else
+                echo "FAIL: $what (pid $pid) ended with $(_describe_status "$status"), expected status ${expected// / or }"
+            fi
+            _reports || true
+            [ -z "$log" ] || { echo "----- last lines of $log"; tail -n 40 "$log"; }
+        } >&"$_TEST_STDERR"
+        return 1
+    fi
+    local errors
+    errors=$([ -z "$log" ] || _log_errors "$log")
+    if [ -n "$errors" ] || _reports > /dev/null; then
+        {
+            echo "FAIL: $what (pid $pid): its log shows a crash or a sanitizer report"
+            [ -z "$errors" ] || echo "$errors"
+            _reports || true
+        } >&"$_TEST_STDERR"
+        return 1
+    fi
+    return 0
+}
+
+# nbdkit_bg LOG NBDKIT-ARGS...: start nbdkit (with the sanitizer
+# environment) in the background, as a child of this shell, its stderr
+# in LOG, and watch it; no waiting.  Sets SERVER_PID, SERVER_JOB (the
+# same pid) and SERVER_LOG.  For an nbdkit that stays in the foreground
+# (-f, or a test's own -U and -f); stop it with stop_server.
+nbdkit_bg ()
+{
+    local log=$1
+    shift
+    "${NBDKIT_ENV[@]}" nbdkit "$@" 2> "$log" &
+    SERVER_PID=$!
+    SERVER_JOB=$SERVER_PID
+    SERVER_LOG=$log
+    _register_server "$SERVER_PID" "$log" "nbdkit $*"
 }
 
 # start_server SOCKET [NBDKIT ARGS...]: start nbdkit in the background
 # serving on the Unix socket SOCKET, with the filter first in the stack,
-# and wait until it accepts connections.  Its pid is in $SERVER_PID and it
-# is killed at exit.  Its stderr goes to SOCKET.log.
+# and wait until it accepts connections.  Its pid is in $SERVER_PID.  Its
+# stderr goes to SOCKET.log.
 start_server ()
 {
     local sock=$1
@@ -120,68 +368,144 @@ start_server ()
 
 # start_nbdkit SOCKET [NBDKIT ARGS...]: the same without adding the
 # filter: for the plugin form ($PLUGIN) and for stacks that place the
-# filter themselves.
+# filter themselves.  Returns 1 (with nbdkit's messages) if nbdkit exits
+# at startup; a crash at startup fails the test.
 start_nbdkit ()
 {
     local sock=$1
     shift
-    local pidfile="$sock.pid"
+    local pidfile="$sock.pid" i
     rm -f "$pidfile" "$sock"
-    run_nbdkit -U "$sock" -P "$pidfile" -f "$@" \
-        2>"$sock.log" &
-    local bgpid=$!
-    _pids+=("$bgpid")
-    SERVER_JOB=$bgpid
-    for _ in $(seq 600); do
+    nbdkit_bg "$sock.log" -U "$sock" -P "$pidfile" -f "$@"
+    for (( i = 0; i < CALL_TIMEOUT * 10; i++ )); do
         if [ -s "$pidfile" ] && [ -S "$sock" ]; then
-            SERVER_PID=$(cat "$pidfile")
-            SERVER_LOG="$sock.log"
-            _pids+=("$SERVER_PID")  # nbdkit itself, for the cleanup
             return 0
         fi
-        if ! kill -0 "$bgpid" 2>/dev/null; then
-            echo "nbdkit exited at startup:" >&2
+        if ! _alive "$SERVER_PID"; then
+            local status
+            _server_status "$SERVER_PID"
+            status=$_status
+            _unregister_server "$SERVER_PID"
+            SERVER_PID=
+            echo "nbdkit exited at startup with $(_describe_status "$status"):" >&2
             cat "$sock.log" >&2
+            if [ "$status" -gt 128 ] || _reports >&2; then
+                fail "nbdkit crashed at startup: nbdkit $*"
+            fi
             return 1
         fi
         sleep 0.1
     done
-    echo "nbdkit did not start within 60 s" >&2
-    cat "$sock.log" >&2
-    return 1
+    fail "nbdkit did not start within $CALL_TIMEOUT s: nbdkit $*"
 }
 
-# stop_server: kill the server started last and wait for it.
+# stop_server [PID]: SIGTERM the server (by default the one started
+# last) and wait for it; fail the test unless it exits with status 0 in
+# time with a clean log.  For the plugin form and every stack alike.
 stop_server ()
 {
-    if [ -n "${SERVER_PID:-}" ]; then
-        kill "$SERVER_PID" 2>/dev/null || true
-        _wait_gone "$SERVER_PID" 300 ||
-            echo "$0: warning: nbdkit $SERVER_PID hung while exiting; killed" >&2
-        local status=0
-        wait "$SERVER_JOB" 2>/dev/null || status=$?
-        SERVER_PID=
-        if [ "$status" = 99 ]; then
-            cat "$SERVER_LOG" >&2
-            fail "valgrind found errors in the server (see above)"
-        fi
+    local pid=${1:-${SERVER_PID:-}}
+    [ -n "$pid" ] || return 0
+    [ "$pid" = "${SERVER_PID:-}" ] && SERVER_PID=
+    if [ -z "${_server_what[$pid]:-}" ]; then
+        fail "stop_server: $pid is not a server this test started (or it was stopped already)"
     fi
+    ! _ours "$pid" || kill -TERM "$pid" 2>/dev/null || true
+    _server_end "$pid" 0 || { _mark_failed; exit 1; }
 }
 
-# _wait_gone PID TENTHS: wait up to TENTHS tenths of a second for PID to
-# exit; then SIGKILL it and return 1.  nbdkit under the sanitizer
-# runtimes now and then hangs in glibc's exit path (in libp11-kit's
-# destructor, on the locale lock), after all its work is done.
-_wait_gone ()
+# kill_server [PID]: SIGKILL the server (a crash test), wait for it and
+# check that nothing went wrong before the kill.
+kill_server ()
 {
-    local i
-    for i in $(seq "$2"); do
-        kill -0 "$1" 2>/dev/null || return 0
-        sleep 0.1
-    done
-    kill -9 "$1" 2>/dev/null || true
-    return 1
+    local pid=${1:-${SERVER_PID:-}}
+    ! _ours "$pid" || kill -KILL "$pid" 2>/dev/null || true
+    server_killed "$pid"
 }
+
+# server_killed [PID]: the server was sent SIGKILL by a client: collect
+# it as kill_server does.
+server_killed ()
+{
+    local pid=${1:-${SERVER_PID:-}}
+    [ "$pid" = "${SERVER_PID:-}" ] && SERVER_PID=
+    _server_end "$pid" 137 || { _mark_failed; exit 1; }
+}
+
+# run_nbdkit NBDKIT-ARGS...: run nbdkit (with the sanitizer environment)
+# as the shell would, returning its exit status: for --run, --dump-plugin,
+# refusals at startup and the examples that fork a server into the
+# background.  nbdkit that crashes (killed by SIGABRT, SIGSEGV, ...),
+# shows a sanitizer report (in its stderr, which the reaper keeps a copy
+# of: UBSan writes nowhere else, and after a --run command nbdkit 1.32
+# exits with the command's status even when UBSan stopped it in .unload)
+# or does not finish within NBDKIT_TIMEOUT (default $CALL_TIMEOUT)
+# seconds fails the test.  A server it forks into the background is
+# watched like the others (stop_server PID).
+run_nbdkit ()
+{
+    local limit=${NBDKIT_TIMEOUT:-$CALL_TIMEOUT} dir fd line status daemon
+    dir=$(mktemp -d "$TMPDIR_TEST/.nbdkit.XXXXXX")
+    mkfifo "$dir/fifo"
+    exec {fd}<>"$dir/fifo"
+    /usr/bin/python3 "$top_srcdir/tests/reaper.py" "$dir" "${NBDKIT_ENV[@]}" nbdkit "$@" <&0 &
+    local reaper=$!
+    if ! read -r -t "$limit" -u "$fd" line; then
+        exec {fd}<&-
+        local child
+        child=$(cat "/proc/$reaper/task/$reaper/children" 2>/dev/null || true)
+        {
+            echo "FAIL: nbdkit $* did not finish within $limit s"
+            for pid in $child; do _backtrace "$pid"; done
+        } >&"$_TEST_STDERR"
+        for pid in $child; do kill -9 "$pid" 2>/dev/null || true; done
+        fail "nbdkit timed out"
+    fi
+    exec {fd}<&-
+    read -r status daemon <<<"$line"
+    case $status in
+        132|133|134|135|136|139)
+            _reports >&"$_TEST_STDERR" || true
+            fail "nbdkit $* crashed: $(_describe_status "$status")" ;;
+        99)
+            if [ "${VALGRIND:-0}" = 1 ]; then
+                _reports >&"$_TEST_STDERR" || true
+                fail "valgrind found errors in nbdkit $*"
+            fi ;;
+    esac
+    local errors
+    errors=$(_log_errors "$dir/stderr")
+    if [ -n "$errors" ]; then
+        echo "$errors" >&"$_TEST_STDERR"
+        fail "nbdkit $*: its stderr shows a crash or a sanitizer report (above)"
+    fi
+    if _reports >&"$_TEST_STDERR"; then
+        fail "nbdkit $*: a sanitizer or valgrind report (above)"
+    fi
+    for pid in $daemon; do
+        _register_server "$pid" "$dir/stderr" "nbdkit $* (in the background)" "$dir"
+    done
+    return "$status"
+}
+
+# ------------------------------------------------------------- clients
+# _client_call COMMAND ARGS...: run a client with the time limit; one
+# that does not finish fails the test, naming the call.
+_client_call ()
+{
+    local status=0 start=$SECONDS
+    timeout -k 10 "$CALL_TIMEOUT" "$@" || status=$?
+    if { [ "$status" = 124 ] || [ "$status" = 137 ]; } && [ $(( SECONDS - start )) -ge "$CALL_TIMEOUT" ]; then
+        fail "no answer within $CALL_TIMEOUT s: $*"
+    fi
+    return "$status"
+}
+nbdcopy () { _client_call nbdcopy "$@"; }
+nbdinfo () { _client_call nbdinfo "$@"; }
+nbdsh () { _client_call nbdsh "$@"; }
+qemu-img () { _client_call qemu-img "$@"; }
+qemu-io () { _client_call qemu-io "$@"; }
+python3 () { _client_call /usr/bin/python3 "$@"; }
 
 # nbd_uri SOCKET: the NBD URI of a server on a Unix socket.
 nbd_uri ()
@@ -191,14 +515,12 @@ nbd_uri ()
 
 # requires_nbd_python: set PYTHON to a python3 with libnbd's nbd module
 # (Debian's python3-libnbd serves the system python; one earlier in PATH
-# may lack it), or skip the test.
+# may lack it), or skip the test.  $PYTHON is the timed python3 above.
 requires_nbd_python ()
 {
-    PYTHON=/usr/bin/python3
-    "$PYTHON" -c 'import nbd' 2>/dev/null || {
-        echo "$0: skipped: $PYTHON has no nbd module (python3-libnbd)"
-        exit 77
-    }
+    /usr/bin/python3 -c 'import nbd' 2>/dev/null ||
+        skip "/usr/bin/python3 has no nbd module (python3-libnbd)"
+    PYTHON=python3
 }
 
 # mixed_disk FILE SIZE SEED: a disk of SIZE bytes made of random, text
@@ -218,9 +540,94 @@ open(path, "wb").write(out[:size])
 EOF
 }
 
-# Fail the test with a message.
-fail ()
+# ------------------------------------------------------ the test's end
+# _cleanup [STATUS]: the exit trap.  STATUS is the test's exit status
+# ($? by default; a test whose own trap runs something first passes
+# it).  If the test passed, servers still running are stopped and
+# judged as stop_server does (a crash or hang at exit fails the test),
+# and so are the sanitizer reports; then whatever of ours is still
+# running is killed and the scratch directory removed.
+_cleanup ()
 {
-    echo "FAIL: $*" >&2
-    exit 1
+    local status=${1:-$?} failed=0 pid
+    # Whatever goes wrong here, the rest must still run: nothing of the
+    # test may be left running.
+    set +eu
+    kill "$_watchdog" 2>/dev/null || true
+    if [ "$status" = 0 ]; then
+        for pid in "${!_server_what[@]}"; do
+            if _alive "$pid"; then
+                ! _ours "$pid" || kill -TERM "$pid" 2>/dev/null || true
+                _server_end "$pid" 0 || failed=1
+            else
+                # Gone before the end, not through stop_server: a test
+                # that stops its servers itself may have sent SIGTERM or
+                # SIGKILL, but a crash is never one of those.
+                _server_end "$pid" "0 137 143" || failed=1
+            fi
+        done
+        if [ -e "$TMPDIR_TEST/.failed" ]; then
+            echo "FAIL: a check failed in a subshell (see above)" >&"$_TEST_STDERR"
+            failed=1
+        fi
+        if _reports > "$TMPDIR_TEST/.reports.txt"; then
+            echo "FAIL: a sanitizer or valgrind report:" >&"$_TEST_STDERR"
+            cat "$TMPDIR_TEST/.reports.txt" >&"$_TEST_STDERR"
+            failed=1
+        fi
+    fi
+    local left i
+    left=$(_our_processes)
+    if [ -n "$left" ]; then
+        # shellcheck disable=SC2086
+        kill $left 2>/dev/null || true
+        for (( i = 0; i < 50; i++ )); do
+            left=$(for pid in $left; do ! _alive "$pid" || echo "$pid"; done)
+            [ -n "$left" ] || break
+            sleep 0.1
+        done
+        # shellcheck disable=SC2086
+        [ -z "$left" ] || kill -9 $left 2>/dev/null || true
+    fi
+    rm -rf "$TMPDIR_TEST"
+    [ "$failed" = 0 ] || status=1
+    case $status in
+        0) echo "${0##*/}: passed in $SECONDS s" ;;
+        77) echo "${0##*/}: skipped after $SECONDS s" ;;
+        *) echo "${0##*/}: failed (status $status) after $SECONDS s" ;;
+    esac
+    # Only a failure found here changes the exit status.
+    [ "$failed" = 0 ] || exit 1
 }
+trap _cleanup EXIT
+# The time limit's watchdog ends the test with SIGTERM.
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+# The time limit of the whole test: past it, say what is still running,
+# kill it all and fail.
+_watchdog_run ()
+{
+    trap - EXIT TERM INT
+    local main=$1 me=$BASHPID waited=0 pid procs cmd
+    while kill -0 "$main" 2>/dev/null; do
+        if [ "$waited" -ge "$TEST_TIMEOUT" ]; then
+            procs=$(_our_processes | grep -vx "$me" || true)
+            {
+                echo "FAIL: ${0##*/} ran for more than $TEST_TIMEOUT s (QCOW2ZSTD_TEST_TIMEOUT); still running:"
+                for pid in $procs; do
+                    cmd=$(tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline" | cut -c1-200) || true
+                    [ -z "$cmd" ] || echo "  $pid: $cmd"
+                done
+            } >&"$_TEST_STDERR"
+            _mark_failed
+            for pid in $procs; do kill -9 "$pid" 2>/dev/null || true; done
+            kill -TERM "$main" 2>/dev/null || true
+            return 0
+        fi
+        sleep 1
+        waited=$(( waited + 1 ))
+    done
+}
+_watchdog_run $$ &
+_watchdog=$!

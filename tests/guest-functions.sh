@@ -25,6 +25,11 @@
 #                       runs nbdkit -s on the connection's pipe (through
 #                       the sanitizer environment if there is one), with
 #                       its stderr in LOG and its exit status in STATUS.
+#   guest_nbdkit_end WHAT LOG STATUS
+#                       after the guest disconnected: that nbdkit must
+#                       exit, in time, with status 0 and a clean log
+#                       (as functions.sh's stop_server judges a server);
+#                       else the test fails, naming WHAT.
 
 : "${QCOW2ZSTD_GUEST_CACHE:=$top_builddir/tests/guest-cache}"
 GUEST_CACHE=$QCOW2ZSTD_GUEST_CACHE
@@ -296,4 +301,47 @@ _guest_quote ()
 {
     local q="'\\''"
     printf "'%s'" "${1//\'/$q}"
+}
+
+# guest_nbdkit_end WHAT LOG STATUS: qemu, not the test, started this
+# nbdkit, so functions.sh cannot wait for it: its status comes from the
+# file guest_nbdkit_cmd's shell writes when it exits.
+guest_nbdkit_end ()
+{
+    local what=$1 log=$2 status_file=$3
+    local limit=$(( STOP_TIMEOUT * 2 )) i pid cmd
+    for (( i = 0; i < limit * 10; i++ )); do
+        [ ! -s "$status_file" ] || break
+        sleep 0.1
+    done
+    if [ ! -s "$status_file" ]; then
+        {
+            echo "FAIL: $what: nbdkit -s did not exit within $limit s of the guest's disconnect"
+            for pid in $(_our_processes); do
+                cmd=$(tr '\0' ' ' 2> /dev/null < "/proc/$pid/cmdline") || continue
+                [[ " $cmd" != *" nbdkit -s "* ]] || _backtrace "$pid"
+            done
+            echo "----- last lines of $log"
+            tail -n 30 "$log"
+        } >&"$_TEST_STDERR"
+        fail "$what: nbdkit hangs at shutdown"
+    fi
+    local status errors
+    status=$(cat "$status_file")
+    if [ "$status" != 0 ]; then
+        {
+            _reports || true
+            echo "----- last lines of $log"
+            tail -n 40 "$log"
+        } >&"$_TEST_STDERR"
+        if [ "$status" = 99 ] && [ "${VALGRIND:-0}" = 1 ]; then
+            fail "$what: valgrind found errors in nbdkit -s"
+        fi
+        fail "$what: nbdkit -s ended with $(_describe_status "$status"), expected status 0"
+    fi
+    errors=$(_log_errors "$log")
+    if [ -n "$errors" ] || _reports > /dev/null; then
+        { echo "$errors"; _reports || true; } >&"$_TEST_STDERR"
+        fail "$what: nbdkit -s: its log shows a crash or a sanitizer report"
+    fi
 }

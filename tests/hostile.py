@@ -6,13 +6,27 @@
 #   hostile.py make SEED_DIR OUT_DIR COUNT RNG_SEED
 #       writes COUNT mutated images to OUT_DIR, each named after its
 #       mutation, from the images in SEED_DIR.
-#   hostile.py run RO_SOCKET RW_SOCKET DIR NAMES...
+#   hostile.py run RO_SOCKET RO_LOG RW_SOCKET RW_LOG DIR NAMES...
 #       for each name: read it through the read-only server, write it
 #       through the read-write server (whose files are DIR/NAME), and
-#       print one line "NAME valid-before|invalid-before outcome".
-#       Any client-side hang (30 s) or a server that stops answering is a
-#       failure (exit 1).
+#       print one line: NAME, qemu-img check's verdict before, what the
+#       reads and the writes saw, qemu-img check's verdict after, and a
+#       word in capitals when something is wrong:
+#       - a refusal at open must be the server's, with the filter's error
+#         message in the server's log (LOG, read from where the previous
+#         session ended); a dropped connection is a failure;
+#       - every read that succeeds must return what qemu reads there;
+#       - every write or zero the filter acknowledged must read back,
+#         through the filter at once and, if qemu-img check finds the
+#         image valid afterwards, through qemu;
+#       - writes must not turn an image qemu-img check found clean into
+#         one it finds corrupt.
+#       An image that takes more than 60 s (a hang: a libnbd call that
+#       never returns) kills the client with a HANG line.  The caller
+#       judges the lines; the exit status is 0 unless the client itself
+#       failed.
 
+import json
 import os
 import random
 import signal
@@ -169,23 +183,50 @@ def check(path):
     return r.returncode
 
 
-class Hang(Exception):
-    pass
+class Bad(Exception):
+    """A verdict that fails the test (the line says why)."""
 
 
-def on_alarm(sig, frame):
-    raise Hang()
+class Log:
+    """A server log, read from where the last session left it."""
+
+    def __init__(self, path):
+        self.path = path
+        self.pos = 0
+
+    def mark(self):
+        self.pos = os.path.getsize(self.path)
+
+    def errors(self):
+        with open(self.path, "rb") as f:
+            f.seek(self.pos)
+            new = f.read().decode("utf-8", "replace")
+        return [l for l in new.splitlines() if " error: qcow2zstd: " in l]
 
 
-def session(sock, name, fn):
+def session(sock, log, name, fn, *args):
+    """Run FN on a connection to export NAME.  A refusal at open must be
+    the server's (the connection was not just dropped) and come with the
+    filter's message naming what is wrong; returns refused(message)."""
+    log.mark()
     h = nbd.NBD()
     h.set_export_name(name)
     try:
         h.connect_unix(sock)
-    except nbd.Error:
-        return "refused"
+    except nbd.Error as e:
+        if "server has no export named" not in (e.string or ""):
+            raise Bad(f"DROPPED-AT-OPEN ({e.string})")
+        errors = log.errors()
+        if not errors:
+            raise Bad(f"REFUSED-WITHOUT-MESSAGE ({e.string})")
+        msg = errors[0].split(" error: ", 1)[1]
+        return "refused(" + msg[:70].replace(" ", "_") + ")"
     try:
-        return fn(h)
+        return fn(h, *args)
+    except nbd.Error as e:
+        if h.aio_is_dead() or h.aio_is_closed():
+            raise Bad(f"CONNECTION-LOST ({e.string})")
+        raise
     finally:
         try:
             h.shutdown()
@@ -193,34 +234,78 @@ def session(sock, name, fn):
             pass
 
 
-def reads(h):
+CHUNK = 256 * 1024
+
+
+def qemu_bytes(path, start, n):
+    """What qemu reads from the image at START+N, or None if it cannot.
+    (qemu-img dd copies the blocks from skip= to count=.)"""
+    bs = 4096
+    first = start // bs
+    last = (start + n + bs - 1) // bs
+    out = path + ".qemu-read"
+    r = subprocess.run(["qemu-img", "dd", "-U", "-f", "qcow2", "-O", "raw", f"bs={bs}",
+                        f"skip={first}", f"count={last}", f"if={path}", f"of={out}"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        data = open(out, "rb").read() if r.returncode == 0 else None
+        os.unlink(out)
+    except FileNotFoundError:
+        data = None
+    if data is None:
+        return None
+    return data[start - first * bs:start - first * bs + n]
+
+
+def reads(h, path):
+    """Read spans of the disk; every read that succeeds must return what
+    qemu reads there (where qemu can read the image at all)."""
     size = h.get_size()
-    errors = 0
+    errors = compared = 0
     spans = [(0, min(size, 4 << 20))]
     if size > (4 << 20):
-        spans.append((size - (1 << 20), 1 << 20))
-        spans.append((size // 2, 1 << 20))
+        spans.append(((size - (1 << 20)) // 4096 * 4096, 1 << 20))
+        spans.append((size // 2 // 4096 * 4096, 1 << 20))
+    qemu_refused = False
     for start, n in spans:
-        for off in range(start, start + n, 256 * 1024):
+        n = min(n, size - start)
+        want = None if qemu_refused else qemu_bytes(path, start, n)
+        if want is None:
+            qemu_refused = True
+        for off in range(start, start + n, CHUNK):
+            length = min(CHUNK, start + n - off)
             try:
-                h.pread(min(256 * 1024, start + n - off), off)
+                got = h.pread(length, off)
             except nbd.Error:
                 errors += 1
+                continue
+            if want is None or len(want) < off - start + length:
+                continue
+            exp = want[off - start:off - start + length]
+            if got != exp:
+                bad = next(i for i in range(length) if got[i] != exp[i])
+                raise Bad(f"READ-DIFFERS-FROM-QEMU at {off + bad}")
+            compared += length
     try:
         h.block_status(min(size, 8 << 20) or 1, 0, lambda *a: 0)
     except nbd.Error:
         errors += 1
-    return f"read-errors={errors}"
+    return f"read-errors={errors} compared-with-qemu={compared}"
 
 
-def writes(h):
+def writes(h, model, strict):
+    """Writes, a zero, a trim and a flush; if STRICT, every one the
+    filter acknowledged must read back.  MODEL gets the bytes each byte
+    range must hold afterwards: (offset, length, byte value), and the
+    disk's size first."""
     if h.is_read_only():
         return "read-only"
     size = h.get_size()
+    model.append(size)
     if size == 0:
         return "empty"
     rng = random.Random(size)
-    errors = 0
+    errors = acked = written = 0
     ops = [("w", rng.randrange(size), 5000), ("w", 0, 65536),
            ("z", rng.randrange(size), 70000), ("t", 0, 131072),
            ("w", size - 1, 1), ("f", 0, 0)]
@@ -229,44 +314,139 @@ def writes(h):
         try:
             if kind == "w":
                 h.pwrite(b"\x5a" * n, off)
+                model.append((off, n, 0x5a))
+                written += 1
             elif kind == "z":
                 h.zero(n, off)
+                model.append((off, n, 0))
             elif kind == "t":
+                # A trim is a hint: the range holds old data or zeros.
+                model.append((off, n, None))
                 h.trim(n, off)
             else:
                 h.flush()
-        except nbd.Error:
+            acked += 1
+        except nbd.Error as e:
+            if h.aio_is_dead() or h.aio_is_closed():
+                raise
+            if kind in "wz":
+                model.append((off, n, None))    # failed: anything
             errors += 1
-    return f"write-errors={errors}"
+    aliased = 0
+    for off, n, value in final_ranges(model[1:]):
+        got = h.pread(n, off)
+        if got != bytes([value]) * n:
+            bad = next(i for i in range(n) if got[i] != value)
+            if strict:
+                raise Bad(f"ACKNOWLEDGED-WRITE-DOES-NOT-READ-BACK at {off + bad}")
+            aliased += 1
+    # On an image qemu-img check finds corrupt (an L2 table that two L1
+    # entries share, say), one write may change what another range
+    # reads, as it would through qemu.
+    return f"acknowledged={acked} writes-acknowledged={written} write-errors={errors}" + \
+        (f" aliased-on-a-corrupt-image={aliased}" if aliased else "")
 
 
-def run(ro_sock, rw_sock, directory, names):
-    signal.signal(signal.SIGALRM, on_alarm)
-    bad = 0
+def final_ranges(model):
+    """The ranges whose content the operations in MODEL (later ones over
+    earlier ones) determine: (offset, length, value)."""
+    points = sorted({p for off, n, _ in model for p in (off, off + n)})
+    out = []
+    for a, b in zip(points, points[1:]):
+        value = "untouched"
+        for off, n, v in model:
+            if off <= a and b <= off + n:
+                value = v
+        if value not in ("untouched", None):
+            if out and out[-1][0] + out[-1][1] == a and out[-1][2] == value:
+                out[-1] = (out[-1][0], out[-1][1] + b - a, value)
+            else:
+                out.append((a, b - a, value))
+    return out
+
+
+def qemu_reads_writes(path, model, size):
+    """qemu reads what the acknowledged writes and zeroes left: None, or
+    what is wrong."""
+    cmds = []
+    for off, n, value in final_ranges(model):
+        cmds += ["-c", f"read -q -P {value} {off} {n}"]
+    if not cmds:
+        return None
+    r = subprocess.run(["qemu-io", "-r", "-f", "qcow2", *cmds, path],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode == 0 and "failed" not in r.stdout:
+        return None
+    info = subprocess.run(["qemu-img", "info", "-U", "--output=json", "-f", "qcow2", path],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        qemu_size = json.loads(info.stdout)["virtual-size"]
+    except (ValueError, KeyError):
+        qemu_size = None
+    if qemu_size is not None and qemu_size != size:
+        how = "rounds it down to" if qemu_size == size // 512 * 512 else "says"
+        return f"SIZE-DIFFERS-FROM-QEMU (ours {size}, qemu {how} {qemu_size})"
+    first = next((l for l in r.stdout.splitlines() if "failed" in l), r.stdout[:80])
+    return f"QEMU-DOES-NOT-READ-THE-ACKNOWLEDGED-WRITES ({first.strip()[:80]})"
+
+
+def watchdog(seconds):
+    """A process that kills this one if an image takes longer than
+    SECONDS: a hang of the server shows as a libnbd call that never
+    returns, which nothing inside this process could interrupt.  Returns
+    the function that tells it an image started."""
+    rfd, wfd = os.pipe()
+    parent = os.getpid()
+    if os.fork() == 0:
+        import select
+        os.close(wfd)
+        current = b"(start)"
+        while True:
+            ready, _, _ = select.select([rfd], [], [], seconds)
+            if not ready:
+                print(f"{current.decode().strip()}: HANG (no answer within {seconds} s)",
+                      flush=True)
+                os.kill(parent, signal.SIGKILL)
+                os._exit(1)
+            data = os.read(rfd, 4096)
+            if not data:
+                os._exit(0)
+            current = data.splitlines()[-1]
+    os.close(rfd)
+    return lambda name: os.write(wfd, name.encode() + b"\n")
+
+
+def run(ro_sock, ro_log, rw_sock, rw_log, directory, names):
+    started = watchdog(60)
+    ro, rw = Log(ro_log), Log(rw_log)
     for name in names:
+        started(name)
         path = os.path.join(directory, name)
         before = check(path)
-        signal.alarm(30)
-        try:
-            r1 = session(ro_sock, name, reads)
-            r2 = session(rw_sock, name, writes)
-        except Hang:
-            print(f"{name}: HANG", flush=True)
-            return 1
-        signal.alarm(0)
-        after = check(path)
         verdict = ""
-        # qemu-img check: 0 clean, 3 leaks only, 2 corruption.
-        if before == 0 and after not in (0, 3):
+        r1 = r2 = "-"
+        model = []
+        # qemu-img check: 0 clean, 3 leaks only, 2 corruption, 1 cannot.
+        valid = before in (0, 3)
+        try:
+            r1 = session(ro_sock, ro, name, reads, path)
+            r2 = session(rw_sock, rw, name, writes, model, valid)
+        except Bad as e:
+            verdict = " " + str(e)
+        after = check(path)
+        if not verdict and before == 0 and after not in (0, 3):
             verdict = " CORRUPTED-BY-WRITES"
-            bad += 1
+        if not verdict and len(model) > 1 and valid and after in (0, 3):
+            wrong = qemu_reads_writes(path, model[1:], model[0])
+            if wrong:
+                verdict = " " + wrong
         print(f"{name} check-before={before} {r1} {r2} check-after={after}{verdict}",
               flush=True)
-    return 1 if bad else 0
+    return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
-        sys.exit(run(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]))
+        sys.exit(run(*sys.argv[2:7], sys.argv[7:]))

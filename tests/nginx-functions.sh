@@ -10,8 +10,12 @@
 #       serve ROOT; the server's files go in DIR (default ./nginx).
 #       Sets NGINX_URL (http://127.0.0.1:PORT) and NGINX_ACCESS_LOG (one
 #       line per request: method, path, status, Range header, bytes
-#       sent).  1 with the reason in NGINX_SKIP when nginx is missing or
-#       does not start.
+#       sent).  With the reason in NGINX_SKIP: 1 when nginx is not
+#       installed, 2 when it does not start.
+#   start_test_nginx ROOT [DIR [WORKERS]]
+#       start_nginx for a test (functions.sh sourced): 1 only when nginx
+#       is not installed (a skip); an nginx that does not start fails
+#       the test.
 #   stop_nginx
 #       stop it (also done at exit when the test has functions.sh's
 #       cleanup).
@@ -90,7 +94,15 @@ EOF
         grep -q 'Address already in use' "$dir/error.log" 2> /dev/null || break
     done
     NGINX_SKIP="nginx did not start: $(tail -n 3 "$dir/error.log" 2> /dev/null | tr '\n' ' ')"
-    return 1
+    return 2
+}
+
+start_test_nginx ()
+{
+    local status=0
+    start_nginx "$@" || status=$?
+    [ "$status" != 2 ] || fail "$NGINX_SKIP"
+    return "$status"
 }
 
 stop_nginx ()

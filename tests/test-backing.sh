@@ -61,16 +61,19 @@ cmp served.raw qemu.raw || fail "qcow2-backing: wrong data"
 echo "qcow2-backing=PATH in place of a name that does not resolve: reads right"
 
 # 4. Writing over a backing file (v3 and v2): partial writes copy the
-# backing data into the new cluster, zeroes hide it, trims too.
+# backing data into the new cluster, zeroes hide it, and a trim does
+# what qemu's discard does.  The expected disk is computed here, from
+# qemu's reading of the new image and the operations.
 for compat in 1.1 0.10; do
     qemu-img create -q -f qcow2 -o compat=$compat -b "$PWD/chain/base.qcow2" -F qcow2 w.qcow2
     truncate -s +4M w.qcow2
     qemu-img convert -O raw w.qcow2 expect.raw
     start_server "$PWD/sock" file w.qcow2
-    $PYTHON - "$(nbd_uri "$PWD/sock")" <<'EOF'
+    $PYTHON - "$(nbd_uri "$PWD/sock")" "$compat" <<'EOF'
 import nbd, os, sys
 h = nbd.NBD()
 h.connect_uri(sys.argv[1])
+compat = sys.argv[2]
 fd = os.open("expect.raw", os.O_RDWR)
 def write(data, off):
     h.pwrite(data, off); os.pwrite(fd, data, off)
@@ -81,8 +84,17 @@ write(b"x" * 65536, 131072)             # a whole cluster
 zero(1000, 200000)                      # part of a cluster
 zero(131072, 262144)                    # whole clusters
 zero(65536 + 3000, 458752 - 1000)       # parts and a whole one
-h.trim(65536, 589824)                   # a hint: the data may stay
-os.pwrite(fd, h.pread(65536, 589824), 589824)
+# Trims of whole clusters over a backing file, as qemu 7.2 discards
+# them: a v3 image marks them zero (they read zeros); a v2 image has no
+# zero flag, and qemu leaves them as they are (reading the backing file,
+# or what was written).  Of a cluster unallocated before, and of two
+# this session allocated.
+h.trim(65536, 589824)
+write(b"y" * 65536 * 2, 720896)
+h.trim(65536 * 2, 720896)
+if compat == "1.1":
+    os.pwrite(fd, bytes(65536), 589824)
+    os.pwrite(fd, bytes(65536 * 2), 720896)
 h.flush()
 got = h.pread(h.get_size(), 0)
 want = os.pread(fd, h.get_size(), 0)

@@ -266,7 +266,7 @@ if qemu-img create -q -f qcow2 --object secret,id=s0,data=x \
     [ "$(md5sum < aes.qcow2)" = "$before" ] || fail "legacy AES: changed"
     echo "legacy AES (crypt_method 1): refused, saying what it is and how to convert it"
 else
-    echo "legacy AES: skipped, qemu-img cannot create it"
+    skip_section "legacy AES: qemu-img cannot create it"
 fi
 
 echo "test-encrypted: all cases passed"

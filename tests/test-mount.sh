@@ -16,7 +16,6 @@
 source "${top_srcdir:-.}/tests/functions.sh"
 source "${top_srcdir:-.}/tests/mount-functions.sh"
 
-skip () { echo "$0: skipped: $*"; exit 77; }
 
 for cmd in nbdfuse fuse2fs mke2fs e2fsck debugfs mountpoint diff cmp; do
     command -v "$cmd" >/dev/null 2>&1 || PATH=$PATH:/sbin:/usr/sbin
@@ -54,7 +53,7 @@ mount_cleanup ()
         kill "$i" 2>/dev/null || true
     done
 }
-trap 'mount_cleanup; _cleanup' EXIT
+trap 'status=$?; mount_cleanup; _cleanup "$status"' EXIT
 
 # nbdfuse_mount DIR SOCKET [OPTIONS]: nbdfuse in the background; the
 # export appears as DIR/nbd.  Sets NBDFUSE_PID.  Returns 1 if the file
@@ -113,10 +112,8 @@ umount_wait ()
 # Both tools against a plain nbdkit memory disk and a plain file, without
 # the filter: a failure here is the environment, not the filter.
 probe_sock=$PWD/probe.sock
-run_nbdkit -U "$probe_sock" -P "$probe_sock.pid" -f memory 8M 2>/dev/null &
-probe_server=$!
-_pids+=("$probe_server")
-wait_until 20 test -S "$probe_sock" || skip "nbdkit memory did not start for the FUSE probe"
+start_nbdkit "$probe_sock" memory 8M || skip "nbdkit memory did not start for the FUSE probe"
+probe_server=$SERVER_PID
 if ! nbdfuse_mount probe-nbd "$probe_sock"; then
     skip "nbdfuse cannot mount here (FUSE mounts not permitted?): $(head -c 300 probe-nbd.err)"
 fi
@@ -139,7 +136,7 @@ else
 fi
 wait_until 20 fusermount_idle probe-nbd
 umount_wait probe-nbd "$NBDFUSE_PID" "probe nbdfuse"
-kill "$probe_server" 2>/dev/null; wait "$probe_server" 2>/dev/null || true
+stop_server "$probe_server"
 
 # ------------------------------------------------------------- the test
 make_fs_image
@@ -183,7 +180,7 @@ if [ "$loop_ok" = yes ]; then
     check_image_after "after the loop mount"
     echo "nbdfuse + mount -o loop (kernel ext4), read-write: files as expected, changes made; check, e2fsck, debugfs clean"
 else
-    echo "nbdfuse + mount -o loop (kernel ext4): skipped: $loop_ok"
+    skip_section "nbdfuse + mount -o loop (kernel ext4): $loop_ok"
 fi
 
 # Mount again, read-only, from the image through the filter.

@@ -19,14 +19,14 @@ source "${top_srcdir:-.}/tests/guest-functions.sh"
 
 PATH=$PATH:/sbin:/usr/sbin
 requires mke2fs e2fsck debugfs diff md5sum
-guest_prepare || { echo "$0: skipped: $GUEST_SKIP"; exit 77; }
+guest_prepare || skip "$GUEST_SKIP"
 
 cd "$TMPDIR_TEST"
 
 make_fs_image 160M
 mkdir guest
 tree_sums src > guest/sums.before
-/usr/bin/python3 "$top_srcdir/tests/guest-workload.py" 17 2 400 guest expect ||
+python3 "$top_srcdir/tests/guest-workload.py" 17 2 400 guest expect ||
     fail "guest-workload.py failed"
 tree_sums expect > guest/sums.after
 echo "workload: 2 streams of 400 operations, leaving $(find expect/w -type f | wc -l) files of $(du -sm --apparent-size expect/w | cut -f1) MiB"

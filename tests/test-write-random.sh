@@ -58,8 +58,10 @@ done
 # the plugin itself after each 64 MiB written (so that the final flush
 # does not wait for all of it).  The log filter under it sees the
 # flushes while the client is still connected and has not flushed.
-nbdkit --filter=log null --dump-plugin >/dev/null 2>&1 || {
-    echo "early flush: skipped: nbdkit has no log filter"; exit 0; }
+if ! nbdkit --filter=log null --dump-plugin >/dev/null 2>&1; then
+    skip_section "early flush: nbdkit has no log filter"
+    exit 0
+fi
 rm -f stream.qcow2 stream.log
 truncate -s 256M stream.qcow2
 start_server "$PWD/sock" --filter=log file stream.qcow2 logfile="$PWD/stream.log" \

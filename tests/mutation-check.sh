@@ -1,0 +1,289 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# The mutation check: do the tests catch the breaks they claim to?
+#
+#     bash tests/mutation-check.sh [BREAK...]
+#
+# Not part of make check: run it by hand (it takes a while: every break
+# rebuilds the tree and runs its tests; about 12 minutes for all of them
+# on 2 cores).  It copies the source tree (the files git knows, with
+# their uncommitted changes) to a scratch directory, builds it once,
+# runs every test named below on the unbroken tree (the baseline: none
+# may fail), then applies each break in turn, rebuilds, runs the tests
+# that claim to cover it and restores the file.  It prints a table:
+# break, where it was applied, the tests that failed.  A break no test
+# catches, or that cannot be applied any more (the function it names is
+# gone or no longer has the line it changes), makes the exit status 1.
+#
+# Breaks find their target by the name of the function, wherever it is
+# defined under common/, nbdkit-glue/, filters/ or plugins/ (so they
+# survive files being split, renamed or moved), and change its body: a statement
+# inserted at the start, or the lines matching a pattern replaced.
+# Functions defined twice (the filter's and the plugin's callbacks of the
+# same name) are told apart by the form: the file that registers a
+# filter (NBDKIT_REGISTER_FILTER) or a plugin (NBDKIT_REGISTER_PLUGIN).
+#
+# Environment: MUTATION_DIR (scratch directory, default a new one under
+# $TMPDIR; kept with KEEP=1), MUTATION_JOBS (make -j, default 2).
+set -euo pipefail
+
+src=$(cd "$(dirname "$0")/.." && pwd)
+jobs=${MUTATION_JOBS:-2}
+
+# name | function | form | change | tests
+#   form: filter, plugin or any (the name must then be defined once)
+#   change: start:STATEMENT       inserted after the opening brace
+#           before-last:RE:STMT    inserted before the body's last line matching RE
+#           replace:RE:TEXT        every body line matching RE becomes TEXT
+# Several rows of the same name make one break (all applied together).
+BREAKS=$(cat <<'EOF'
+writes-do-nothing   | qcow2_write          | any    | start:return 0;                               | test-write-random test-hostile test-faults test-crash test-plugin test-qemu-client test-backing test-engine-write
+writes-fail         | qcow2_write          | any    | start:return -EIO;                            | test-write-random test-hostile test-faults test-crash test-plugin test-qemu-client test-engine-write
+compressed-reads-zeros | qcow2_decode_cluster | any | start:memset (out, 0, out_len); return 0;     | test-read-matrix test-hostile test-parallel test-plugin test-codec
+flush-noop-filter   | qcow2zstd_flush      | filter | start:return 0;                               | test-crash test-faults test-shared
+flush-noop-plugin   | qcow2zstd_flush      | plugin | start:return 0;                               | test-plugin test-debug test-plugin-durability
+abort-at-unload     | qcow2zstd_unload     | filter | start:__builtin_abort ();                     | test-qemu-client test-debug test-backing test-man-examples test-hostile test-mount-kernel
+abort-at-unload-plugin | qcow2zstd_unload  | plugin | start:__builtin_abort ();                     | test-plugin test-debug test-plugin-durability
+abort-at-finalize   | qcow2zstd_finalize   | filter | before-last:^\s*return 0;:__builtin_abort (); | test-backing test-mount test-qemu-client test-write-random
+hang-at-unload      | qcow2zstd_unload     | filter | start:{ extern int pause (void); for (;;) pause (); } | test-qemu-client test-debug test-backing
+dropped-write-errors | next_pwrite         | any    | replace:^\s*return -\(:      return 0;        | test-faults test-create
+trims-do-nothing    | qcow2_trim           | any    | start:return 0;                               | test-write-random test-hostile test-backing test-qemu-client test-engine-write
+l2-not-written      | write_l2             | any    | start:return 0;                               | test-write-random test-crash test-qemu-client test-plugin test-engine-writeback
+fua-ignored         | qcow2_write          | any    | start:fua = false;                            | test-stacks test-crash test-plugin-durability
+fua-ignored         | qcow2_zero           | any    | start:fua = false;                            |
+fua-ignored         | qcow2_trim           | any    | start:fua = false;                            |
+EOF
+)
+
+scratch=${MUTATION_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/qcow2zstd-mutation.XXXXXX")}
+tree=$scratch/tree
+build=$tree/_b
+log=$scratch/log
+mkdir -p "$scratch" "$log"
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$scratch"' EXIT
+
+echo "mutation check: scratch copy in $tree"
+rm -rf "$tree"
+mkdir -p "$tree"
+(cd "$src" && git ls-files -z --cached --others --exclude-standard |
+    tar --null -T - -cf -) | tar -xf - -C "$tree"
+(cd "$tree" && autoreconf -fi) > "$log/autoreconf" 2>&1 || { cat "$log/autoreconf"; exit 1; }
+mkdir -p "$build"
+(cd "$build" && ../configure CC=gcc) > "$log/configure" 2>&1 || { tail -n 30 "$log/configure"; exit 1; }
+make -C "$build" -j"$jobs" > "$log/build" 2>&1 || { tail -n 30 "$log/build"; exit 1; }
+make -C "$build" -j"$jobs" check TESTS= > "$log/build-checks" 2>&1 ||
+    { tail -n 30 "$log/build-checks"; exit 1; }
+
+# patch NAME: apply every row of break NAME to the tree; prints
+# "FILE:LINE" of each change, or a line starting "NOT APPLIED".  Saves
+# the original files in $scratch/orig.
+patch_break ()
+{
+    rm -rf "$scratch/orig"
+    mkdir -p "$scratch/orig"
+    /usr/bin/python3 - "$tree" "$scratch/orig" "$1" <<'PY'
+import os, re, shutil, sys
+
+tree, orig, name = sys.argv[1:4]
+rows = []
+for line in os.environ["BREAKS"].splitlines():
+    f = [x.strip() for x in line.split("|")]
+    if len(f) == 5 and f[0] == name:
+        rows.append(f)
+if not rows:
+    sys.exit(f"NOT APPLIED: no break named {name}")
+
+sources = []
+for top in ("common", "nbdkit-glue", "filters", "plugins"):
+    for d, _, files in os.walk(os.path.join(tree, top)):
+        sources += [os.path.join(d, x) for x in files if x.endswith(".c")]
+
+
+def form_of(path):
+    text = open(path).read()
+    if "NBDKIT_REGISTER_FILTER" in text:
+        return "filter"
+    if "NBDKIT_REGISTER_PLUGIN" in text:
+        return "plugin"
+    return "engine"
+
+
+def definitions(func):
+    """(path, index of the line with '{', index of the line with '}')."""
+    found = []
+    head = re.compile(r"^(?:[A-Za-z_][\w \t\*]*[ \t\*])?" + re.escape(func) + r"\s*\(")
+    for path in sources:
+        lines = open(path).read().split("\n")
+        for i, l in enumerate(lines):
+            if not head.match(l):
+                continue
+            j = i
+            while j < len(lines) and not lines[j].rstrip().endswith("{") \
+                    and not lines[j].rstrip().endswith(";"):
+                j += 1
+            if j >= len(lines) or lines[j].rstrip().endswith(";"):
+                continue            # a declaration
+            k = j + 1
+            while k < len(lines) and lines[k].rstrip() != "}":
+                k += 1
+            if k < len(lines):
+                found.append((path, j, k))
+    return found
+
+
+changes = []
+patched = {}
+for _, func, form, change, _ in rows:
+    defs = definitions(func)
+    if form != "any":
+        defs = [d for d in defs if form_of(d[0]) == form]
+    if len(defs) != 1:
+        sys.exit(f"NOT APPLIED: {func} ({form}) is defined {len(defs)} times")
+    path, brace, end = defs[0]
+    if path not in patched:
+        shutil.copy(path, os.path.join(orig, str(len(patched))))
+        patched[path] = open(path).read().split("\n")
+    lines = patched[path]
+    # The body's extent in the current (maybe patched) lines.
+    defs = [d for d in definitions(func) if d[0] == path]
+    _, brace, end = defs[0]
+    kind, _, arg = change.partition(":")
+    rel = os.path.relpath(path, tree)
+    if kind == "start":
+        lines.insert(brace + 1, "  " + arg + "  /* MUTATION */")
+        changes.append(f"{func} in {rel}:{brace + 2}")
+    elif kind in ("replace", "before-last"):
+        pattern, _, text = arg.partition(":")
+        hits = [i for i in range(brace + 1, end) if re.search(pattern, lines[i])]
+        if not hits:
+            sys.exit(f"NOT APPLIED: no line of {func} ({rel}) matches {pattern}")
+        if kind == "replace":
+            for i in hits:
+                lines[i] = text + "  /* MUTATION */"
+            changes.append(f"{func} in {rel}:{hits[0] + 1}")
+        else:
+            lines.insert(hits[-1], "  " + text + "  /* MUTATION */")
+            changes.append(f"{func} in {rel}:{hits[-1] + 1}")
+    else:
+        sys.exit(f"NOT APPLIED: unknown change {change}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+with open(os.path.join(orig, "paths"), "w") as f:
+    for i, p in enumerate(patched):
+        print(i, p, file=f)
+print(", ".join(changes))
+PY
+}
+
+restore ()
+{
+    local i p
+    [ -f "$scratch/orig/paths" ] || return 0
+    while read -r i p; do
+        cp "$scratch/orig/$i" "$p"     # a new mtime: make rebuilds it
+    done < "$scratch/orig/paths"
+    rm -rf "$scratch/orig"
+}
+
+# run_tests NAME TESTS...: make check of those tests; prints the failed.
+run_tests ()
+{
+    local name=$1 t targets=() fails=()
+    shift
+    for t in "$@"; do
+        case $t in
+            *.sh) targets+=("tests/$t") ;;
+            test-*.c) targets+=("tests/${t%.c}") ;;
+            *) if [ -f "$tree/tests/$t.sh" ]; then targets+=("tests/$t.sh"); else targets+=("tests/$t"); fi ;;
+        esac
+    done
+    QCOW2ZSTD_CALL_TIMEOUT=${QCOW2ZSTD_CALL_TIMEOUT:-120} \
+        make -C "$build" -j"$jobs" check TESTS="${targets[*]}" > "$log/$name.check" 2>&1 || true
+    for t in "${targets[@]}"; do
+        local base=$build/${t%.sh}
+        if grep -q '^:test-result: \(FAIL\|ERROR\)' "$base.trs" 2>/dev/null ||
+           [ ! -f "$base.trs" ]; then
+            fails+=("${t#tests/}")
+        fi
+        [ ! -f "$base.log" ] || cp "$base.log" "$log/$name.${t#tests/}.log"
+    done
+    echo "${fails[*]}"
+}
+
+export BREAKS
+names=("$@")
+if [ ${#names[@]} -eq 0 ]; then
+    mapfile -t names < <(awk -F'|' 'NF == 5 { gsub(/ /, "", $1); if (!seen[$1]++) print $1 }' <<<"$BREAKS")
+fi
+
+tests_of ()
+{
+    awk -F'|' -v n="$1" 'NF == 5 { b = $1; gsub(/ /, "", b); if (b == n) print $5 }' <<<"$BREAKS" | xargs
+}
+
+# The baseline: every test named, on the unbroken tree.
+all_tests=$(for n in "${names[@]}"; do tests_of "$n"; done | tr ' ' '\n' | sort -u | xargs)
+echo "baseline: $all_tests"
+baseline=$(run_tests baseline $all_tests)
+if [ -n "$baseline" ]; then
+    echo "baseline: these tests fail without any break: $baseline (logs in $log)"
+    KEEP=1
+    trap - EXIT
+    exit 1
+fi
+echo "baseline: every test passes"
+
+status=0
+rows=()
+for n in "${names[@]}"; do
+    tests=$(tests_of "$n")
+    where=$(patch_break "$n" 2>&1) || true
+    if [[ $where == NOT\ APPLIED* ]] || [ -z "$where" ]; then
+        echo "!!! $n: $where"
+        rows+=("$n|${where:-NOT APPLIED}|$tests|-|DOES NOT APPLY")
+        status=1
+        restore
+        continue
+    fi
+    echo "--- $n: $where; building"
+    if ! make -C "$build" -j"$jobs" > "$log/$n.build" 2>&1 ||
+       ! make -C "$build" -j"$jobs" check TESTS= > "$log/$n.build-checks" 2>&1; then
+        echo "!!! $n: the broken tree does not build (see $log/$n.build)"
+        rows+=("$n|$where|$tests|-|BUILD FAILED")
+        status=1
+        restore
+        continue
+    fi
+    start=$SECONDS
+    # shellcheck disable=SC2086
+    failed=$(run_tests "$n" $tests)
+    restore
+    if [ -n "$failed" ]; then
+        verdict="caught ($(( SECONDS - start )) s)"
+    else
+        verdict="NOT CAUGHT"
+        status=1
+    fi
+    echo "--- $n: failed: ${failed:-none}"
+    rows+=("$n|$where|$tests|${failed:-none}|$verdict")
+done
+# The restored tree builds again (and the last break's files are back).
+make -C "$build" -j"$jobs" > "$log/final.build" 2>&1 || true
+
+echo
+printf '%-23s %-8s %-s\n' "break" "caught" "tests that failed, of those run (where the break was applied)"
+for r in "${rows[@]}"; do
+    IFS='|' read -r n where tests failed verdict <<<"$r"
+    nrun=$(wc -w <<<"$tests")
+    nfailed=0
+    [ "$failed" = none ] || [ "$failed" = - ] || nfailed=$(wc -w <<<"$failed")
+    case $verdict in
+        caught*) mark="$nfailed/$nrun" ;;
+        *) mark=$verdict ;;
+    esac
+    printf '%-23s %-8s %s\n' "$n" "$mark" "${failed//.sh/}"
+    printf '%-23s %-8s   (%s)\n' "" "" "$where"
+done
+[ "${KEEP:-0}" = 1 ] && echo "logs: $log"
+exit $status
