@@ -168,6 +168,22 @@ def later_explains(k, sector, got):
     return False
 
 
+def qemu_read(image, raw, options=()):
+    """The guest disk qemu reads from IMAGE (qemu-img's arguments for
+    the image, the file last) with OPTIONS, through the scratch file RAW:
+    (bytes, None), or (None, qemu-img's error).
+    """
+    r = subprocess.run(["qemu-img", "convert", *options, *image[:-1],
+                        "-O", "raw", image[-1], raw],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, r.stderr
+    with open(raw, "rb") as f:
+        got = f.read()
+    os.unlink(raw)
+    return got, None
+
+
 def check_state(path, k, label):
     """None if the state at PATH is fine with shadow entry K as the last
     flush that must be durable (-1: none), else what is wrong.
@@ -190,25 +206,16 @@ def check_state(path, k, label):
         if r.returncode not in (0, 3) or "ERROR" in r.stdout:
             return (f"qemu-img check exit {r.returncode}:\n"
                     f"{r.stdout}{r.stderr}")
-        raw = path + ".raw"
         for sid, want_snap in W["snapshots"]:
-            r = subprocess.run(["qemu-img", "convert", "-l",
-                                f"snapshot.id={sid}"] + image[:-1] +
-                               ["-O", "raw", image[-1], raw],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                return f"qemu-img convert -l {sid} failed: {r.stderr}"
-            got = open(raw, "rb").read()
-            os.unlink(raw)
+            got, err = qemu_read(image, path + ".raw",
+                                 ["-l", f"snapshot.id={sid}"])
+            if err:
+                return f"qemu-img convert -l snapshot.id={sid} failed: {err}"
             if got != want_snap:
                 return f"snapshot {sid} changed"
-        r = subprocess.run(["qemu-img", "convert"] + image[:-1] +
-                           ["-O", "raw", image[-1], raw],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            return f"qemu-img convert failed: {r.stderr}"
-        got = open(raw, "rb").read()
-        os.unlink(raw)
+        got, err = qemu_read(image, path + ".raw")
+        if err:
+            return f"qemu-img convert failed: {err}"
         want = expected_at(k)
         if len(got) != W["vsize"]:
             return f"the disk is {len(got)} bytes, not {W['vsize']}"
