@@ -52,6 +52,9 @@ l2-not-written      | write_l2             | any    | start:return 0;           
 fua-ignored         | qcow2_write          | any    | start:fua = false;                            | test-stacks test-crash test-plugin-durability
 fua-ignored         | qcow2_zero           | any    | start:fua = false;                            |
 fua-ignored         | qcow2_trim           | any    | start:fua = false;                            |
+snapshot-cow-skipped | owned_alone         | any    | start:*alone = map->kind == CLUSTER_NORMAL; return 0; | test-snapshots test-engine-snapshots test-power-loss
+snapshot-l2-in-place | table_shared        | any    | start:*shared = false; *refcount = 1; return 0; | test-snapshots test-engine-snapshots
+plaintext-encrypted | qcow2_sectors_encrypt | any    | start:return 0;                               | test-encrypted test-engine-luks test-power-loss
 EOF
 )
 
