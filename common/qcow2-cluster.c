@@ -2,10 +2,13 @@
 /* qcow2zstd engine: changing the guest clusters of one range.
  *
  * A write, zero or trim walks its range cluster by cluster: data goes in
- * place into a normal cluster the image alone owns (COPIED), else into a
- * newly allocated cluster filled with the old content around the new
- * bytes; what a cluster held before is released after the next
- * writeback.  Data bound for contiguous host bytes is written in runs.
+ * place into a normal cluster the image alone owns (COPIED, and with
+ * snapshots a refcount of 1), else into a newly allocated cluster filled
+ * with the old content around the new bytes; what a cluster held before
+ * is released (one reference less) after the next writeback.  Data bound
+ * for contiguous host bytes is written in runs.  In an encrypted image a
+ * run is encrypted on the connection's pool on its way out, and a copy
+ * or a part of a sector with the image's own cipher.
  */
 
 #include <config.h>
@@ -16,26 +19,54 @@
 #include "qcow2-cluster.h"
 #include "qcow2-alloc.h"
 #include "qcow2-codec.h"
+#include "qcow2-encrypt.h"
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
 #include "qcow2-map.h"
+#include "qcow2-refcount.h"
 #include "qcow2-writeback.h"
 
-/* A run of guest data bound for contiguous host bytes. */
+/* A run of guest data bound for contiguous host bytes, and in an
+ * encrypted image where it is encrypted: CONN's pool, REQ's buffer and
+ * calling thread's cipher.
+ */
 struct data_run {
   const uint8_t *src;
   uint64_t host;
   uint64_t len;
+  struct qcow2_conn *conn;
+  struct request *req;
 };
 
 static int
 run_flush (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run)
 {
+  const uint8_t *data = run->src;
   int r = 0;
 
-  if (run->len)
-    r = qcow2_pwrite_logged (img, io, run->src, run->len, run->host);
+  if (run->len == 0)
+    return 0;
+  if (img->crypt.enabled) {
+    /* The client's buffer stays as it is: the ciphertext goes to the
+     * request's own buffer.
+     */
+    if (run->req == NULL) {
+      qcow2_error (img, "internal error: data for an encrypted image "
+                   "without a connection to encrypt it");
+      r = -EIO;
+    }
+    else {
+      memcpy (run->req->crypt_buf, run->src, run->len);
+      qcow2_encrypt_start (run->conn, &run->req->crypt, &run->req->caller,
+                           true, run->req->crypt_buf, run->len, run->host);
+      r = qcow2_encrypt_finish (run->conn, &run->req->crypt,
+                                &run->req->caller);
+      data = run->req->crypt_buf;
+    }
+  }
+  if (r == 0)
+    r = qcow2_pwrite_logged (img, io, data, run->len, run->host);
   run->len = 0;
   return r;
 }
@@ -59,7 +90,7 @@ run_add (struct qcow2_image *img, struct qcow2_io *io, struct data_run *run,
 }
 
 /* Fill img->wbuf with the current content of the guest cluster MAP
- * describes.
+ * describes (decrypted, in an encrypted image).
  */
 static int
 read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
@@ -78,8 +109,12 @@ read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
     memset (img->wbuf, 0, cluster_size);
     return 0;
   case CLUSTER_NORMAL:
-    return qcow2_pread_clamped (img, io, img->wbuf, cluster_size,
-                                map->host_offset);
+    r = qcow2_pread_clamped (img, io, img->wbuf, cluster_size,
+                             map->host_offset);
+    if (r == 0 && img->crypt.enabled)
+      r = qcow2_encrypt_here (img, img->wcipher, false, img->wbuf,
+                              cluster_size, map->host_offset);
+    return r;
   case CLUSTER_COMPRESSED:
     r = qcow2_pread_clamped (img, io, img->wcompressed, map->compressed_len,
                              map->host_offset);
@@ -99,6 +134,56 @@ read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
   return -EIO;
 }
 
+/* May the cluster MAP (its L2 entry ENTRY) be written in place?  A
+ * normal cluster with COPIED set has refcount 1.  With snapshots the
+ * refcount is asked too: writing in place into a cluster that a
+ * snapshot shares would change the snapshot.
+ */
+static int
+owned_alone (struct qcow2_image *img, struct qcow2_io *io,
+             const struct cluster_map *map, uint64_t entry, bool *alone)
+{
+  uint64_t refcount;
+  int r;
+
+  *alone = map->kind == CLUSTER_NORMAL && (entry & L2E_COPIED);
+  if (!*alone || img->header.nb_snapshots == 0)
+    return 0;
+  r = qcow2_refcount_get (img, io, map->host_offset >> img->header.cluster_bits,
+                          &refcount);
+  if (r == 0)
+    *alone = refcount == 1;
+  return r;
+}
+
+/* Write SRC (or zeros, SRC NULL) at PART_OFF (LEN bytes) into the sectors
+ * of the encrypted cluster MAP at once, through img->wbuf: the sectors
+ * around a part of one are decrypted first, then the changed sectors are
+ * encrypted and written.
+ */
+static int
+write_encrypted_part (struct qcow2_image *img, struct qcow2_io *io,
+                      const struct cluster_map *map, uint64_t guest,
+                      const uint8_t *src, uint64_t part_off, uint64_t len)
+{
+  uint64_t lo = part_off & ~UINT64_C (511);
+  uint64_t hi = (part_off + len + 511) & ~UINT64_C (511);
+  int r = 0;
+
+  if (lo != part_off || hi != part_off + len)
+    r = read_old_cluster (img, io, map, guest);
+  if (r < 0)
+    return r;
+  if (src)
+    memcpy (img->wbuf + part_off, src, len);
+  else
+    memset (img->wbuf + part_off, 0, len);
+  r = qcow2_encrypt_here (img, img->wcipher, true, img->wbuf + lo, hi - lo,
+                          map->host_offset + lo);
+  return r ? r : qcow2_pwrite_logged (img, io, img->wbuf + lo, hi - lo,
+                                      map->host_offset + lo);
+}
+
 /* Write SRC (LEN bytes) at PART_OFF inside guest cluster GUEST_CLUSTER,
  * whose L2 entry is at INDEX in table T.  SRC NULL writes zeros.
  */
@@ -109,39 +194,63 @@ write_cluster (struct qcow2_image *img, struct qcow2_io *io,
                uint64_t part_off, uint64_t len)
 {
   const uint32_t cluster_size = img->header.cluster_size;
+  const uint64_t guest = guest_cluster << img->header.cluster_bits;
   uint64_t entry = be64 (t->data + index * 8);
   struct cluster_map map;
   uint64_t new_offset;
+  bool alone = false;
   int r;
 
   r = qcow2_classify (img, guest_cluster, entry, &map);
+  if (r == 0)
+    r = owned_alone (img, io, &map, entry, &alone);
   if (r < 0)
     return r;
 
-  if (map.kind == CLUSTER_NORMAL && (entry & L2E_COPIED)) {
-    if (src)
+  if (alone) {
+    bool sectors = !((part_off | len) & 511);
+    if (src && (sectors || !img->crypt.enabled))
       return run_add (img, io, run, src, map.host_offset + part_off, len);
     r = run_flush (img, io, run);
-    if (r == 0)
-      memset (img->wbuf, 0, len);
-    return r ? r : qcow2_pwrite_logged (img, io, img->wbuf, len,
-                                        map.host_offset + part_off);
+    if (r < 0)
+      return r;
+    if (img->crypt.enabled)
+      return write_encrypted_part (img, io, &map, guest, src, part_off, len);
+    memset (img->wbuf, 0, len);
+    return qcow2_pwrite_logged (img, io, img->wbuf, len,
+                                map.host_offset + part_off);
   }
 
   /* A zero cluster that kept its host cluster (qemu's "zero, allocated",
    * or ours with qcow2-detect-zeroes=on) is written in place, as qemu
    * does: the entry says zero until the writeback makes it normal, so a
-   * crash before that still reads zeros.
+   * crash before that still reads zeros.  As for a normal cluster, a
+   * snapshot may share it: then it is copied like any other.
    */
-  if (map.kind == CLUSTER_ZERO && map.host_offset && (entry & L2E_COPIED) &&
-      map.host_offset + cluster_size <= img->file_size) {
+  bool zero_kept = map.kind == CLUSTER_ZERO && map.host_offset &&
+    (entry & L2E_COPIED) && map.host_offset + cluster_size <= img->file_size;
+  if (zero_kept && img->header.nb_snapshots) {
+    uint64_t refcount;
+    r = qcow2_refcount_get (img, io, map.host_offset >> img->header.cluster_bits,
+                            &refcount);
+    if (r < 0)
+      return r;
+    zero_kept = refcount == 1;
+  }
+  if (zero_kept) {
     if (len == cluster_size && src)
       r = run_add (img, io, run, src, map.host_offset, len);
     else {
-      memset (img->wbuf, 0, cluster_size);
-      if (src)
-        memcpy (img->wbuf + part_off, src, len);
+      /* The run may use img->wbuf: it goes out first. */
       r = run_flush (img, io, run);
+      if (r == 0) {
+        memset (img->wbuf, 0, cluster_size);
+        if (src)
+          memcpy (img->wbuf + part_off, src, len);
+        if (img->crypt.enabled)
+          r = qcow2_encrypt_here (img, img->wcipher, true, img->wbuf,
+                                  cluster_size, map.host_offset);
+      }
       if (r == 0)
         r = qcow2_pwrite_logged (img, io, img->wbuf, cluster_size,
                                  map.host_offset);
@@ -159,14 +268,18 @@ write_cluster (struct qcow2_image *img, struct qcow2_io *io,
   if (len == cluster_size && src)
     r = run_add (img, io, run, src, new_offset, len);
   else {
-    r = read_old_cluster (img, io, &map,
-                          guest_cluster << img->header.cluster_bits);
+    /* Copy on write: the old content around the new bytes. */
+    r = run_flush (img, io, run);
+    if (r == 0)
+      r = read_old_cluster (img, io, &map, guest);
     if (r == 0) {
       if (src)
         memcpy (img->wbuf + part_off, src, len);
       else
         memset (img->wbuf + part_off, 0, len);
-      r = run_flush (img, io, run);
+      if (img->crypt.enabled)
+        r = qcow2_encrypt_here (img, img->wcipher, true, img->wbuf,
+                                cluster_size, new_offset);
     }
     if (r == 0)
       r = qcow2_pwrite_logged (img, io, img->wbuf, cluster_size, new_offset);
@@ -232,13 +345,14 @@ all_zero (const uint8_t *p, size_t len)
 
 int
 qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
+                    struct qcow2_conn *conn, struct request *req,
                     enum qcow2_op op, const uint8_t *buf, uint64_t count,
                     uint64_t offset, uint64_t *done)
 {
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t cluster_size = img->header.cluster_size;
   const uint64_t end = offset + count;
-  struct data_run run = { 0 };
+  struct data_run run = { .conn = conn, .req = req };
   uint64_t pos = offset;
   int r = 0, r2;
 

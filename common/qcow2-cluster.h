@@ -7,10 +7,11 @@
  * Offers: qcow2_change_range, qcow2_write_cluster,
  * qcow2_zero_needs_writes, qcow2_release, qcow2_reads_as_zeros.
  * Locks: every call with the image lock held exclusively.
- * Needs: the map, the allocator (new clusters, releases), the writeback
- * (L2 tables to change), host I/O, the codec (a compressed cluster's old
- * content), the backing file.  Uses img->wbuf, img->wcompressed and
- * img->wdecoder as scratch.
+ * Needs: the map, the allocator (new clusters, releases), the refcounts
+ * (whether a snapshot shares a cluster), the writeback (L2 tables to
+ * change), host I/O, the codec (a compressed cluster's old content), the
+ * encryption, the backing file.  Uses img->wbuf, img->wcompressed,
+ * img->wdecoder and img->wcipher as scratch.
  */
 #ifndef QCOW2_CLUSTER_H
 #define QCOW2_CLUSTER_H
@@ -23,7 +24,9 @@
 enum qcow2_op { QCOW2_OP_WRITE, QCOW2_OP_ZERO, QCOW2_OP_TRIM };
 
 /* Make OP's change to every guest cluster of [OFFSET, OFFSET+COUNT):
- * write BUF there, zero it, or discard it (BUF NULL for both).  A whole
+ * write BUF there, zero it, or discard it (BUF NULL for both).  A write to
+ * an encrypted image needs CONN and REQ (with its crypt_buf) to encrypt
+ * the data; zeroes and trims pass NULL.  A whole
  * cluster zeroed or trimmed becomes a zero cluster on v3 (releasing what
  * it held), unallocated on v2 without a backing file, and is written with
  * zeros on v2 with one; part of a cluster is written with zeros when
@@ -33,13 +36,15 @@ enum qcow2_op { QCOW2_OP_WRITE, QCOW2_OP_ZERO, QCOW2_OP_TRIM };
  * write back and change the rest.
  */
 int qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
+                        struct qcow2_conn *conn, struct request *req,
                         enum qcow2_op op, const uint8_t *buf, uint64_t count,
                         uint64_t offset, uint64_t *done);
 
 /* Write SRC (LEN bytes) at PART_OFF inside guest cluster GUEST_CLUSTER,
  * whose L2 entry is at INDEX in table T (from qcow2_l2_for_write), at
  * once: in place if the image alone owns it, else into a new cluster
- * with the old content around it.  0, QCOW2_RECLAIM (nothing changed),
+ * with the old content around it.  Not for encrypted images (the
+ * compressed path, which they refuse, uses it).  0, QCOW2_RECLAIM (nothing changed),
  * or -errno after logging.
  */
 int qcow2_write_cluster (struct qcow2_image *img, struct qcow2_io *io,

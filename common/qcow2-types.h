@@ -19,7 +19,8 @@
  *   5. a cache shard's lock (qcow2-cache.c).
  *
  * qcow2_image.compressors_lock guards the start of the compressor
- * threads and is held with no other lock.
+ * threads and is held with no other lock; so is a key cache's lock
+ * (qcow2-encrypt.c), taken while an image opens.
  */
 #ifndef QCOW2_TYPES_H
 #define QCOW2_TYPES_H
@@ -31,10 +32,12 @@
 #include <stdint.h>
 
 #include "qcow2.h"
+#include "qcow2-crypto.h"
 #include "qcow2-pool.h"
 #include "qcow2-tablemap.h"
 
 struct qcow2_cache;
+struct qcow2_sector_cipher;
 struct qcow2_decoder;
 struct qcow2_encoder;
 struct backing;
@@ -103,6 +106,17 @@ struct allocator {
   bool discard_failed;        /* the storage refused a discard: stop */
 };
 
+/* A LUKS-encrypted image's key and where its LUKS area lies (written by
+ * qcow2-encrypt.c when the image opens; read by whoever makes a sector
+ * cipher: the connections' threads and the image's write scratch).
+ */
+struct image_crypt {
+  bool enabled;
+  struct qcow2_cipher_spec spec;
+  uint8_t master_key[QCOW2_CRYPTO_MAX_KEY_BYTES];
+  uint64_t area_offset, area_length;  /* host bytes of the LUKS area */
+};
+
 struct qcow2_image {
   struct qcow2_header header;
   struct qcow2_log log;
@@ -139,11 +153,19 @@ struct qcow2_image {
   uint8_t *wbuf;              /* one cluster */
   uint8_t *wcompressed;       /* the largest compressed range */
   struct qcow2_decoder *wdecoder;
+  struct qcow2_sector_cipher *wcipher;  /* encrypted images only */
   /* The header's autoclear bits are still set on the disk: the first
    * write to the image clears them (set by qcow2-image.c at open, cleared
    * by qcow2_first_change in qcow2-hostio.c).
    */
   bool autoclear_on_disk;
+
+  /* Encryption (crypt_method 2), and the internal snapshot served
+   * instead of the active disk: then the header's l1_size and
+   * l1_table_offset are the snapshot's, and the image is read-only.
+   */
+  struct image_crypt crypt;
+  bool serving_snapshot;
 
   /* The backing file (qcow2-backing.c), NULL when unallocated clusters
    * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros
@@ -208,8 +230,25 @@ struct cluster_map {
  */
 struct thread_state {
   struct qcow2_decoder *dec;
+  struct qcow2_sector_cipher *cipher;   /* encrypted images only */
   uint8_t *scratch;             /* one cluster */
   char err[256];
+};
+
+/* Host sectors of an encrypted image to encrypt or decrypt in place on a
+ * connection's pool, a job per JOB_BYTES (qcow2-encrypt.c).
+ */
+struct sector_batch {
+  struct qcow2_batch batch;
+  struct qcow2_image *img;
+  uint8_t *buf;
+  uint64_t len;
+  uint64_t host_offset;         /* of BUF's first byte: the IVs' source */
+  uint64_t job_bytes;
+  bool encrypt;
+  bool in_flight;
+  _Atomic int failed;
+  char errmsg[400];
 };
 
 /* One compressed cluster to decode (qcow2-chunk.c). */
@@ -260,6 +299,13 @@ struct request {
   /* A pending run of host-contiguous normal clusters. */
   uint8_t *run_dst;
   uint64_t run_host, run_len;
+
+  /* Encrypted images: the run being decrypted on the pool while the
+   * next one is read, and for writes, request_size bytes to encrypt the
+   * client's data into (made on first use).
+   */
+  struct sector_batch crypt;
+  uint8_t *crypt_buf;
 };
 
 /* A batch of whole clusters to compress on the image's compressor

@@ -43,14 +43,16 @@ reclaim (struct qcow2_image *img, struct qcow2_io *io)
  * takes progress, so this ends.
  */
 static int
-change (struct qcow2_image *img, struct qcow2_io *io, enum qcow2_op op,
-        const uint8_t *buf, uint64_t count, uint64_t offset)
+change (struct qcow2_image *img, struct qcow2_io *io, struct qcow2_conn *conn,
+        struct request *req, enum qcow2_op op, const uint8_t *buf,
+        uint64_t count, uint64_t offset)
 {
   uint64_t done;
   int r;
 
   for (;;) {
-    r = qcow2_change_range (img, io, op, buf, count, offset, &done);
+    r = qcow2_change_range (img, io, conn, req, op, buf, count, offset,
+                            &done);
     if (r != QCOW2_RECLAIM || (r = reclaim (img, io)) < 0)
       return r;
     if (buf)
@@ -159,7 +161,8 @@ write_compressed (struct qcow2_conn *conn, struct qcow2_io *io,
     if (r < 0)
       break;
     pthread_rwlock_wrlock (&img->lock);
-    r = change (img, io, QCOW2_OP_WRITE, buf + (pos - offset), hi - pos, pos);
+    r = change (img, io, conn, NULL, QCOW2_OP_WRITE, buf + (pos - offset),
+                hi - pos, pos);
     pthread_rwlock_unlock (&img->lock);
     pos = hi;
   }
@@ -215,11 +218,25 @@ qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
       r = qcow2_flush (img, io);
   }
   else {
+    /* An encrypted image's data is encrypted into a request's buffer,
+     * on the connection's pool.
+     */
+    struct request *req = NULL;
+
+    if (img->crypt.enabled &&
+        ((req = qcow2_conn_request_get (conn)) == NULL ||
+         qcow2_conn_request_crypt_buf (conn, req) < 0)) {
+      if (req)
+        qcow2_conn_request_put (conn, req);
+      return -ENOMEM;
+    }
     pthread_rwlock_wrlock (&img->lock);
-    r = change (img, io, QCOW2_OP_WRITE, buf, count, offset);
+    r = change (img, io, conn, req, QCOW2_OP_WRITE, buf, count, offset);
     if (r == 0 && fua)
       r = qcow2_writeback (img, io, true);
     pthread_rwlock_unlock (&img->lock);
+    if (req)
+      qcow2_conn_request_put (conn, req);
   }
   if (r == 0)
     r = flush_data_early (img, io);
@@ -242,7 +259,7 @@ qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
       r = -ENOTSUP;
   }
   if (r == 0)
-    r = change (img, io, QCOW2_OP_ZERO, NULL, count, offset);
+    r = change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, count, offset);
   if (r == 0 && fua)
     r = qcow2_writeback (img, io, true);
   pthread_rwlock_unlock (&img->lock);
@@ -258,7 +275,7 @@ qcow2_trim (struct qcow2_image *img, struct qcow2_io *io,
   if (r < 0 || count == 0)
     return r;
   pthread_rwlock_wrlock (&img->lock);
-  r = change (img, io, QCOW2_OP_TRIM, NULL, count, offset);
+  r = change (img, io, NULL, NULL, QCOW2_OP_TRIM, NULL, count, offset);
   if (r == 0 && fua)
     r = qcow2_writeback (img, io, true);
   pthread_rwlock_unlock (&img->lock);

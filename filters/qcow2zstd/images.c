@@ -246,6 +246,10 @@ images_acquire (nbdkit_next *next, const char *exportname, bool writable)
 {
   struct shared_image *s;
 
+  /* A snapshot is served read-only (and locked for reading), so the
+   * export is too.
+   */
+  writable = writable && engine_options.snapshot == NULL;
   pthread_mutex_lock (&images_lock);
   for (s = images; s; s = s->next)
     if (strcmp (s->exportname, exportname) == 0)

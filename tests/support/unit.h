@@ -14,6 +14,7 @@
 
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -68,5 +69,10 @@ extern atomic_ulong unit_failures;
   } while (0)
 
 int unit_finish (void);
+
+/* Does MESSAGE contain PART?  If not, says so on stderr, for the CHECK
+ * that fails next: CHECK (unit_says (err, "wrong passphrase")).
+ */
+bool unit_says (const char *message, const char *part);
 
 #endif /* QCOW2ZSTD_UNIT_H */
