@@ -94,7 +94,7 @@ test_config (const struct config *cfg)
   }
   file = read_whole_file (img, &len);
   for (int i = 0; i < NSNAPSHOTS; ++i) {
-    char id[4];
+    char id[12];                /* any int in decimal */
     snprintf (id, sizeof id, "%d", i + 1);
     snapshot[i] = read_disk (file, len, id);
   }
