@@ -285,6 +285,30 @@ start_server ()
     esac
     SERVER_PID=$!
     _server_pids+=("$SERVER_PID")
+    _await_server "$name" "$kind"
+}
+
+# start_command NAME COMMAND...: start any server COMMAND (with SOCK in
+# its arguments standing for the socket) as start_server does.
+start_command ()
+{
+    local name=$1 a args=()
+    shift
+    SERVER_SOCK=$RUN_DIR/$name.sock
+    SERVER_LOG=$RUN_DIR/$name.log
+    SERVER_URI="nbd+unix:///?socket=$SERVER_SOCK"
+    rm -f "$SERVER_SOCK"
+    for a in "$@"; do args+=("${a//SOCK/$SERVER_SOCK}"); done
+    "${args[@]}" 2>>"$SERVER_LOG" </dev/null &
+    SERVER_PID=$!
+    _server_pids+=("$SERVER_PID")
+    _await_server "$name" "$1"
+}
+
+# _await_server NAME KIND: wait for the server just started to answer.
+_await_server ()
+{
+    local name=$1 kind=$2 i
     for i in $(seq 300); do
         if [ -S "$SERVER_SOCK" ] &&
                nbdinfo --size "$SERVER_URI" >/dev/null 2>&1; then

@@ -60,8 +60,8 @@ is_released (const struct allocator *a, uint64_t cluster)
 }
 
 /* Clusters the allocator must never hand out even if their refcount says
- * they are free: the header, the L1 table, the refcount table, and every
- * refcount block and changed L2 table held in memory.  A valid image
+ * they are free: the header, the L1 table, the refcount table, the LUKS
+ * area, and every refcount block and changed L2 table held in memory.  A valid image
  * counts them anyway; this keeps a damaged one (a table counted 0) from
  * being made worse, by one table overwriting another.
  */
@@ -80,6 +80,9 @@ holds_metadata (struct qcow2_image *img, uint64_t cluster)
   if (h->l1_size && off < l1_end && end > h->l1_table_offset)
     return true;
   if (off < rt_end && end > img->rc.table_offset)
+    return true;
+  if (img->crypt.enabled && off < img->crypt.area_offset +
+      img->crypt.area_length && end > img->crypt.area_offset)
     return true;
   return qcow2_refcount_is_block (img, off) ||
     tablemap_find (&img->dirty_l2, off) != NULL;

@@ -239,6 +239,9 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
     opts.compress = false;
     opts.threads = 0;
     opts.backing_path = NULL;
+    /* The passphrase and the snapshot are the top image's. */
+    opts.passphrase = NULL;
+    opts.snapshot = NULL;
     opts.image_dir = dir ? dir : ".";
     opts.backing_depth = img->opts.backing_depth + 1;
     r = qcow2_image_open (&b->io, &log, &opts, &b->img);

@@ -18,6 +18,14 @@
  * its entry too) stay claimed until its clusters are linked, and a piece
  * that writes in place is registered for a grace period until its data
  * is written, so that no cluster it writes is reused meanwhile.
+ *
+ * In an encrypted image, or one with snapshots, every piece decides under
+ * the lock held exclusively: whether a snapshot shares a cluster takes
+ * its refcount, and a write into part of an encrypted sector reads,
+ * decrypts and encrypts again the sectors around it, so each write in
+ * place there claims its clusters until its data is written, as an
+ * allocating piece does (two such writes into one sector would otherwise
+ * each put back the other's old bytes).
  */
 
 #include <config.h>
@@ -29,11 +37,13 @@
 #include "qcow2-alloc.h"
 #include "qcow2-cache.h"
 #include "qcow2-codec.h"
+#include "qcow2-encrypt.h"
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
 #include "qcow2-hostio.h"
 #include "qcow2-inflight.h"
 #include "qcow2-map.h"
+#include "qcow2-refcount.h"
 #include "qcow2-scratch.h"
 #include "qcow2-writeback.h"
 
@@ -59,10 +69,49 @@ int
 qcow2_run_flush (struct qcow2_image *img, struct qcow2_io *io,
                  struct data_run *run)
 {
+  const uint8_t *data = run->src;
   int r = 0;
 
-  if (run->len)
-    r = qcow2_pwrite_logged (img, io, run->src, run->len, run->host);
+  if (run->len == 0)
+    return 0;
+  if (img->crypt.enabled) {
+    /* The client's buffer stays as it is: the ciphertext goes to the
+     * request's own buffer, or a cluster at a time to the write's.
+     */
+    if (run->req == NULL && run->ws) {
+      const uint64_t cluster_size = img->header.cluster_size;
+      uint64_t done = 0;
+
+      while (r == 0 && done < run->len) {
+        uint64_t n = run->len - done < cluster_size ? run->len - done
+          : cluster_size;
+        memcpy (run->ws->sealed, run->src + done, n);
+        r = qcow2_encrypt_here (img, run->ws->cipher, true, run->ws->sealed,
+                                n, run->host + done);
+        if (r == 0)
+          r = qcow2_pwrite_logged (img, io, run->ws->sealed, n,
+                                   run->host + done);
+        done += n;
+      }
+      run->len = 0;
+      return r;
+    }
+    if (run->req == NULL) {
+      qcow2_error (img, "internal error: data for an encrypted image "
+                   "without a buffer to encrypt it in");
+      r = -EIO;
+    }
+    else {
+      memcpy (run->req->crypt_buf, run->src, run->len);
+      qcow2_encrypt_start (run->conn, &run->req->crypt, &run->req->caller,
+                           true, run->req->crypt_buf, run->len, run->host);
+      r = qcow2_encrypt_finish (run->conn, &run->req->crypt,
+                                &run->req->caller);
+      data = run->req->crypt_buf;
+    }
+  }
+  if (r == 0)
+    r = qcow2_pwrite_logged (img, io, data, run->len, run->host);
   run->len = 0;
   return r;
 }
@@ -115,24 +164,52 @@ cluster_part (const struct qcow2_image *img, uint64_t gc, uint64_t offset,
   return lo == cstart && (hi == cend || hi == img->header.virtual_size);
 }
 
-/* ZEROS: a whole cluster of zeros written that qcow2-detect-zeroes
- * turns into a zero request (keeping the host cluster with "on").
+/* Does the image alone own the host cluster MAP holds (a normal cluster,
+ * or the one a zero cluster kept), so that it may be written in place?
+ * COPIED says refcount 1; with snapshots the refcount is asked too, since
+ * writing into a cluster that a snapshot shares would change the
+ * snapshot.  Those images decide under the lock held exclusively
+ * (change_piece): the refcounts are not looked up under it held shared.
+ */
+static int
+owned_alone (struct qcow2_image *img, struct qcow2_io *io,
+             const struct cluster_map *map, bool *alone)
+{
+  uint64_t refcount;
+  int r;
+
+  *alone = (map->kind == CLUSTER_NORMAL ||
+            (map->kind == CLUSTER_ZERO && map->host_offset)) &&
+    (map->l2_entry & L2E_COPIED);
+  if (!*alone || img->header.nb_snapshots == 0)
+    return 0;
+  r = qcow2_refcount_get (img, io,
+                          map->host_offset >> img->header.cluster_bits,
+                          &refcount);
+  if (r == 0)
+    *alone = refcount == 1;
+  return r;
+}
+
+/* ALONE: owned_alone's answer.  ZEROS: a whole cluster of zeros written
+ * that qcow2-detect-zeroes turns into a zero request (keeping the host
+ * cluster with "on").
  */
 static enum piece_action
 decide (const struct qcow2_image *img, enum qcow2_op op,
-        const struct cluster_map *map, bool whole, bool zeros)
+        const struct cluster_map *map, bool alone, bool whole, bool zeros)
 {
   const bool v3 = img->header.version >= 3;
   const bool keep = zeros &&
     img->opts.detect_zeroes == QCOW2_DETECT_ZEROES_ON;
-  bool in_place = map->kind == CLUSTER_NORMAL && (map->l2_entry & L2E_COPIED);
+  bool in_place = map->kind == CLUSTER_NORMAL && alone;
   /* A zero cluster that kept its host cluster (qemu's "zero, allocated",
    * or ours with qcow2-detect-zeroes=on) is written in place, as qemu
    * does: the entry says zero until the data is written and the entry
-   * linked, so a crash before the writeback still reads zeros.
+   * linked, so a crash before the writeback still reads zeros.  As for a
+   * normal cluster, a snapshot may share it: then it is copied.
    */
-  bool reusable = map->kind == CLUSTER_ZERO && map->host_offset &&
-    (map->l2_entry & L2E_COPIED) &&
+  bool reusable = map->kind == CLUSTER_ZERO && alone &&
     map->host_offset + img->header.cluster_size <= img->file_size;
 
   if (op == QCOW2_OP_WRITE && !zeros)
@@ -191,7 +268,11 @@ qcow2_read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
     memset (out, 0, cluster_size);
     return 0;
   case CLUSTER_NORMAL:
-    return qcow2_pread_clamped (img, io, out, cluster_size, map->host_offset);
+    r = qcow2_pread_clamped (img, io, out, cluster_size, map->host_offset);
+    if (r == 0 && img->crypt.enabled)
+      r = qcow2_encrypt_here (img, ws->cipher, false, out, cluster_size,
+                              map->host_offset);
+    return r;
   case CLUSTER_COMPRESSED:
     if (qcow2_cache_get (img->cluster_cache, map->l2_entry, 0, out,
                          cluster_size))
@@ -243,7 +324,8 @@ qcow2_release (struct qcow2_image *img, const struct cluster_map *map)
 /* What [OFFSET, END) does to the N guest clusters from GC0 (one L2 table),
  * into WS->piece: the entries as they are and the action for each
  * (ZEROS, unless NULL: ZEROS[i] says cluster GC0+i is a whole cluster of
- * zeros written, for qcow2-detect-zeroes).  With the image lock held (shared is enough).
+ * zeros written, for qcow2-detect-zeroes).  With the image lock held
+ * (shared is enough for an image without snapshots).
  */
 static int
 look_up (struct qcow2_image *img, struct qcow2_io *io,
@@ -261,27 +343,56 @@ look_up (struct qcow2_image *img, struct qcow2_io *io,
     uint64_t part_off, len;
     bool whole = cluster_part (img, gc0 + i, offset, end, &part_off, &len);
 
+    bool alone;
+
     r = qcow2_classify (img, gc0 + i, ws->entries[i], &pc->old);
+    if (r == 0)
+      r = owned_alone (img, io, &pc->old, &alone);
     if (r < 0)
       return r;
-    pc->action = decide (img, op, &pc->old, whole, zeros && zeros[i]);
+    pc->action = decide (img, op, &pc->old, alone, whole, zeros && zeros[i]);
     pc->new_host = 0;
   }
   return 0;
 }
 
+/* Into MERGED (a cluster), the sectors of the encrypted cluster at HOST
+ * that [PART_OFF, PART_OFF+LEN) touches, decrypted, with SRC written over
+ * them; *LO and *HI bound those sectors.
+ */
+static int
+merge_sectors (struct qcow2_image *img, struct qcow2_io *io,
+               struct write_scratch *ws, uint64_t host, const uint8_t *src,
+               uint64_t part_off, uint64_t len, uint8_t *merged,
+               uint64_t *lo, uint64_t *hi)
+{
+  int r;
+
+  *lo = part_off & ~UINT64_C (511);
+  *hi = (part_off + len + 511) & ~UINT64_C (511);
+  r = qcow2_pread_clamped (img, io, merged + *lo, *hi - *lo, host + *lo);
+  if (r == 0)
+    r = qcow2_encrypt_here (img, ws->cipher, false, merged + *lo, *hi - *lo,
+                            host + *lo);
+  if (r == 0)
+    memcpy (merged + part_off, src, len);
+  return r;
+}
+
 /* The data of the N clusters of the piece from GC0, written with no lock
  * held: in place, or whole into the new clusters (with the old content
- * around the new bytes).  BUF NULL writes zeros.
+ * around the new bytes).  BUF NULL writes zeros.  CONN and REQ encrypt a
+ * write's runs (qcow2_run_flush).
  */
 static int
 write_piece_data (struct qcow2_image *img, struct qcow2_io *io,
+                  struct qcow2_conn *conn, struct request *req,
                   struct write_scratch *ws, const uint8_t *buf,
                   uint64_t offset, uint64_t end, uint64_t gc0, size_t n)
 {
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t cluster_size = img->header.cluster_size;
-  struct data_run run = { 0 };
+  struct data_run run = { .conn = conn, .req = req, .ws = ws };
   size_t i;
   int r = 0;
 
@@ -296,19 +407,28 @@ write_piece_data (struct qcow2_image *img, struct qcow2_io *io,
       continue;
     cluster_part (img, gc, offset, end, &part_off, &len);
     src = buf ? buf + ((gc << bits) + part_off - offset) : img->zero_cluster;
+    /* Only a request's first and last clusters are partial: a buffer
+     * each, so the run may still hold the first while the last is made.
+     */
+    merged = ws->cow[(gc << bits) + part_off == offset ? 0 : 1];
     if (pc->action == PIECE_IN_PLACE) {
-      r = qcow2_run_add (img, io, &run, src, pc->old.host_offset + part_off,
-                         len);
+      const uint64_t host = pc->old.host_offset;
+      uint64_t lo, hi;
+
+      if (img->crypt.enabled && ((part_off | len) & 511)) {
+        r = merge_sectors (img, io, ws, host, src, part_off, len, merged,
+                           &lo, &hi);
+        if (r == 0)
+          r = qcow2_run_add (img, io, &run, merged + lo, host + lo, hi - lo);
+      }
+      else
+        r = qcow2_run_add (img, io, &run, src, host + part_off, len);
       continue;
     }
     if (len == cluster_size) {
       r = qcow2_run_add (img, io, &run, src, pc->new_host, len);
       continue;
     }
-    /* Only a request's first and last clusters are partial: a buffer
-     * each, so the run may still hold the first while the last is made.
-     */
-    merged = ws->cow[(gc << bits) + part_off == offset ? 0 : 1];
     r = qcow2_read_old_cluster (img, io, ws, &pc->old, gc, merged);
     if (r == 0) {
       memcpy (merged + part_off, src, len);
@@ -368,6 +488,7 @@ link_piece (struct qcow2_image *img, struct qcow2_io *io,
  */
 static int
 change_piece (struct qcow2_image *img, struct qcow2_io *io,
+              struct qcow2_conn *conn, struct request *req,
               struct write_scratch *ws, enum qcow2_op op, const uint8_t *buf,
               uint64_t offset, uint64_t end, uint64_t *pos,
               struct change_result *result)
@@ -380,7 +501,7 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
   struct qcow2_inflight_op reg;
   struct qcow2_claim claim;
   struct meta_table *t = NULL;
-  bool in_place = false, changes = false, allocates = false;
+  bool in_place = false, changes = false, allocates = false, claims;
   bool zero_flags[QCOW2_PIECE_MAX], *zeros = NULL;
   size_t n, i;
   int r, stop = 0;
@@ -408,8 +529,11 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
 
   /* Writes in place change no metadata: the lock held shared is enough
    * to see that no claim is on the clusters and that they stay where
-   * they are until the grace period begins.
+   * they are until the grace period begins.  Not so with snapshots or
+   * encryption (see the top of this file).
    */
+  if (img->header.nb_snapshots || img->crypt.enabled)
+    goto exclusive;
   pthread_rwlock_rdlock (&img->lock);
   r = look_up (img, io, ws, op, zeros, offset, end, gc0, n);
   for (i = 0; r == 0 && i < n; ++i) {
@@ -432,7 +556,7 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
         result->needs_writeback = true;
     }
     pthread_rwlock_unlock (&img->lock);
-    r = write_piece_data (img, io, ws, buf, offset, end, gc0, n);
+    r = write_piece_data (img, io, conn, req, ws, buf, offset, end, gc0, n);
     if (in_place)
       qcow2_inflight_leave (&img->inflight, &reg);
     goto done;
@@ -442,6 +566,7 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
     return r;
 
   /* Anything else is decided with the lock held exclusively. */
+ exclusive:
   in_place = false;
   pthread_rwlock_wrlock (&img->lock);
   if (qcow2_inflight_claimed (&img->inflight, gc0, gc0 + n, &ticket)) {
@@ -507,7 +632,8 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
     pthread_rwlock_unlock (&img->lock);
     return stop;
   }
-  if (allocates)
+  claims = allocates || (in_place && img->crypt.enabled);
+  if (claims)
     qcow2_inflight_claim (&img->inflight, &claim, gc0, gc0 + n);
   if (in_place) {
     qcow2_inflight_enter (&img->inflight, &reg);
@@ -520,15 +646,16 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
     result->too_much_dirty = true;
   pthread_rwlock_unlock (&img->lock);
 
-  r = write_piece_data (img, io, ws, buf, offset, end, gc0, n);
+  r = write_piece_data (img, io, conn, req, ws, buf, offset, end, gc0, n);
   if (in_place)
     qcow2_inflight_leave (&img->inflight, &reg);
 
-  if (allocates) {
-    int r2;
+  if (claims) {
+    int r2 = 0;
 
     pthread_rwlock_wrlock (&img->lock);
-    r2 = link_piece (img, io, ws, gc0, n, r == 0);
+    if (allocates)
+      r2 = link_piece (img, io, ws, gc0, n, r == 0);
     qcow2_inflight_unclaim (&img->inflight, &claim);
     if (qcow2_too_much_dirty (img))
       result->too_much_dirty = true;
@@ -547,6 +674,7 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
 
 int
 qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
+                    struct qcow2_conn *conn, struct request *req,
                     enum qcow2_op op, const uint8_t *buf, uint64_t count,
                     uint64_t offset, uint64_t *done,
                     struct change_result *result)
@@ -560,7 +688,8 @@ qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
   if (ws == NULL)
     return -ENOMEM;
   while (pos < end && r == 0)
-    r = change_piece (img, io, ws, op, buf, offset, end, &pos, result);
+    r = change_piece (img, io, conn, req, ws, op, buf, offset, end, &pos,
+                      result);
   *done = pos - offset;
   qcow2_scratch_put (img, ws);
   return r;

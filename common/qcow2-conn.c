@@ -10,6 +10,7 @@
 
 #include "qcow2-conn.h"
 #include "qcow2-codec.h"
+#include "qcow2-crypto.h"
 #include "qcow2-hostio.h"
 #include "qcow2-pool.h"
 
@@ -41,8 +42,15 @@ thread_state_new (void *arg)
     return NULL;
   ts->dec = qcow2_decoder_new ();
   ts->scratch = malloc (img->header.cluster_size);
-  if (ts->dec == NULL || ts->scratch == NULL) {
+  /* The image checked at open that its key makes a cipher. */
+  if (img->crypt.enabled)
+    ts->cipher = qcow2_sector_cipher_new (&img->crypt.spec,
+                                          img->crypt.master_key,
+                                          ts->err, sizeof ts->err);
+  if (ts->dec == NULL || ts->scratch == NULL ||
+      (img->crypt.enabled && ts->cipher == NULL)) {
     qcow2_decoder_free (ts->dec);
+    qcow2_sector_cipher_free (ts->cipher);
     free (ts->scratch);
     free (ts);
     return NULL;
@@ -58,6 +66,7 @@ thread_state_free (void *state)
   if (ts == NULL)
     return;
   qcow2_decoder_free (ts->dec);
+  qcow2_sector_cipher_free (ts->cipher);
   free (ts->scratch);
   free (ts);
 }
@@ -89,7 +98,9 @@ request_free (struct request *req)
   free (req->chunk[0].staging);
   free (req->chunk[1].staging);
   free (req->l2buf);
+  free (req->crypt_buf);
   qcow2_decoder_free (req->caller.dec);
+  qcow2_sector_cipher_free (req->caller.cipher);
   free (req->caller.scratch);
   free (req);
 }
@@ -131,6 +142,17 @@ qcow2_conn_request_get (struct qcow2_conn *conn)
   request_free (req);
   qcow2_error (img, "out of memory for a read request");
   return NULL;
+}
+
+int
+qcow2_conn_request_crypt_buf (struct qcow2_conn *conn, struct request *req)
+{
+  if (req->crypt_buf == NULL &&
+      (req->crypt_buf = malloc (conn->img->opts.request_size)) == NULL) {
+    qcow2_error (conn->img, "out of memory for encrypting a write");
+    return -ENOMEM;
+  }
+  return 0;
 }
 
 void

@@ -15,7 +15,8 @@
  * (only ever tried) its readahead chunk; both are taken and released
  * inside each call.  Callers may hold the image lock (qcow2-types.h has
  * the order).
- * Needs: the pool, the codec (a decoder per thread), host I/O for
+ * Needs: the pool, the codec (a decoder per thread), the ciphers (a
+ * sector cipher per thread of an encrypted image), host I/O for
  * messages.
  */
 #ifndef QCOW2_CONN_H
@@ -41,6 +42,12 @@ size_t qcow2_staging_size (const struct qcow2_image *img);
  */
 struct request *qcow2_conn_request_get (struct qcow2_conn *conn);
 void qcow2_conn_request_put (struct qcow2_conn *conn, struct request *req);
+
+/* Give REQ its buffer for encrypting a write's data (request_size bytes,
+ * kept with the request): 0, or -ENOMEM after logging.
+ */
+int qcow2_conn_request_crypt_buf (struct qcow2_conn *conn,
+                                  struct request *req);
 
 /* A compression batch with room for CLUSTERS clusters and count 0, or
  * NULL after logging.  Give it back with qcow2_conn_batch_put.

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "qcow2-header.h"
+#include "qcow2-luks.h"
 #include "qcow2-endian.h"
 
 static int
@@ -229,10 +230,11 @@ qcow2_header_check_features (const struct qcow2_header *h,
     return fail (errbuf, errlen,
                  "incompatible_features: unknown incompatible feature bits "
                  "0x%" PRIx64 " are set", unknown);
-  if (h->crypt_method != 0)
-    return fail (errbuf, errlen,
-                 "crypt_method: encrypted images (method %u) are not supported",
-                 h->crypt_method);
+  /* LUKS (2) is served, once unlocked (qcow2-encrypt.h). */
+  if (h->crypt_method != 0 && h->crypt_method != 2) {
+    qcow2_crypt_method_refusal (h->crypt_method, errbuf, errlen);
+    return -1;
+  }
   if (h->incompatible_features & QCOW2_INCOMPAT_DATA_FILE)
     return fail (errbuf, errlen,
                  "incompatible_features: images with an external data file "

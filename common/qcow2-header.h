@@ -86,7 +86,8 @@ int qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
                         struct qcow2_header *h, char *errbuf, size_t errlen);
 
 /* Refuse what the engine cannot serve: unknown incompatible bits,
- * encryption, external data files, extended L2 entries with clusters
+ * encryption other than LUKS (legacy AES, with what it is and how to
+ * convert it, and unknown methods), external data files, extended L2 entries with clusters
  * below 16 KiB (extended L2 itself is served, read-only), and backing
  * files: qcow2_image_open, which opens a backing file itself, checks the
  * header as if it had none.  Same error convention as

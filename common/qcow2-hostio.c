@@ -15,7 +15,7 @@ static void
 vlog (void (*fn) (void *, const char *), void *opaque,
       const char *fmt, va_list ap)
 {
-  char msg[512];
+  char msg[1024];
 
   if (fn == NULL)
     return;

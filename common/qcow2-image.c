@@ -3,9 +3,11 @@
  *
  * Implements qcow2_image_open, qcow2_image_close and the image's
  * accessors (qcow2.h, the contract).  Opening parses and checks the
- * header (qcow2-header.h), opens the backing file, loads the L1 table,
- * makes the caches and, for writing, loads the refcounts and sets up the
- * allocator and the dedup table.  No lock: nobody else sees the image
+ * header (qcow2-header.h), opens the backing file, unlocks an encrypted
+ * image (qcow2-encrypt.h), reads the snapshot table (and picks the
+ * snapshot to serve), loads the L1 table, makes the caches and, for
+ * writing, loads the refcounts and sets up the allocator and the dedup
+ * table.  No lock: nobody else sees the image
  * until open returns, nor after close begins.
  */
 
@@ -25,6 +27,7 @@
 #include "qcow2-codec.h"
 #include "qcow2-compress.h"
 #include "qcow2-dedup.h"
+#include "qcow2-encrypt.h"
 #include "qcow2-endian.h"
 #include "qcow2-header.h"
 #include "qcow2-hostio.h"
@@ -32,6 +35,7 @@
 #include "qcow2-map.h"
 #include "qcow2-refcount.h"
 #include "qcow2-scratch.h"
+#include "qcow2-snapshot.h"
 #include "qcow2-tablemap.h"
 
 static int
@@ -57,11 +61,15 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
     qcow2_error (img, "the storage underneath cannot be written");
     return -EROFS;
   }
-  if (h->nb_snapshots > 0) {
-    qcow2_error (img, "nb_snapshots: images with internal snapshots (%u) "
-                 "cannot be written; serve them read-only (nbdkit -r)",
-                 h->nb_snapshots);
+  if (img->serving_snapshot) {
+    qcow2_error (img, "qcow2-snapshot: a snapshot is served read-only");
     return -EROFS;
+  }
+  if (img->opts.compress && img->crypt.enabled) {
+    /* qemu-img convert -c's refusal, in its words. */
+    qcow2_error (img, "qcow2-compress: Compression and encryption not "
+                 "supported at the same time");
+    return -EINVAL;
   }
   if (h->incompatible_features & QCOW2_INCOMPAT_CORRUPT) {
     qcow2_error (img, "incompatible_features: the image is marked corrupt "
@@ -115,6 +123,80 @@ init_lock (pthread_rwlock_t *lock)
   pthread_rwlockattr_destroy (&attr);
 }
 
+/* Read the snapshot table (qemu refuses an image whose table is bad),
+ * list it in the debug output and, with opts.snapshot, make the chosen
+ * snapshot's L1 table the one served: the reads then see the snapshot,
+ * at the active disk's virtual size (as qemu-img convert -l does).
+ */
+static int
+open_snapshots (struct qcow2_image *img, struct qcow2_io *io)
+{
+  struct qcow2_header *h = &img->header;
+  const struct qcow2_snapshot_image im = {
+    .version = h->version, .cluster_bits = h->cluster_bits,
+    .virtual_size = h->virtual_size, .file_size = img->file_size,
+    .nb_snapshots = h->nb_snapshots, .snapshots_offset = h->snapshots_offset,
+  };
+  struct qcow2_snapshot_table *table = NULL;
+  const struct qcow2_snapshot *sn;
+  size_t len = qcow2_snapshot_table_read_hint (&im), needed = 0;
+  uint8_t *buf = NULL;
+  char err[768], line[512];
+  uint32_t i;
+  int r;
+
+  if (img->opts.snapshot == NULL && h->nb_snapshots == 0)
+    return 0;
+  for (;;) {
+    uint8_t *more = realloc (buf, len ? len : 1);
+    if (more == NULL) {
+      qcow2_error (img, "out of memory for the snapshot table");
+      r = -ENOMEM;
+      goto out;
+    }
+    buf = more;
+    r = len ? qcow2_pread_clamped (img, io, buf, len, h->snapshots_offset) : 0;
+    if (r < 0)
+      goto out;
+    r = qcow2_snapshot_table_parse (buf, len, &im, &table, &needed,
+                                    err, sizeof err);
+    if (r != 1)
+      break;
+    len = needed;
+  }
+  if (r == -1) {
+    qcow2_error (img, "invalid or unsupported qcow2 image: %s", err);
+    r = -EINVAL;
+    goto out;
+  }
+  for (i = 0; i < table->count; ++i) {
+    qcow2_snapshot_describe (&table->snapshots[i], line, sizeof line);
+    qcow2_debug (img, "snapshot %s", line);
+  }
+  r = 0;
+  if (img->opts.snapshot == NULL)
+    goto out;
+
+  sn = qcow2_snapshot_select (table, img->opts.snapshot, err, sizeof err);
+  if (sn == NULL ||
+      qcow2_snapshot_check (sn, &im, err, sizeof err) == -1) {
+    qcow2_error (img, "qcow2-snapshot: %s", err);
+    r = sn ? -EINVAL : -ENOENT;
+    goto out;
+  }
+  qcow2_snapshot_describe (sn, line, sizeof line);
+  qcow2_debug (img, "serving snapshot %s, read-only, at the image's virtual "
+               "size %" PRIu64, line, h->virtual_size);
+  h->l1_size = sn->l1_size;
+  h->l1_table_offset = sn->l1_table_offset;
+  img->serving_snapshot = true;
+
+ out:
+  qcow2_snapshot_table_free (table);
+  free (buf);
+  return r;
+}
+
 /* Everything qcow2_header_check_features refuses but a backing file,
  * which the engine opens itself.
  */
@@ -137,7 +219,7 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   uint8_t *first = NULL;
   size_t first_len;
   int64_t size;
-  char err[256];
+  char err[768];
   int r;
 
   *imagep = NULL;
@@ -197,17 +279,25 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
     r = -EINVAL;
     goto fail;
   }
+  r = qcow2_encrypt_open (img, io, first, first_len);
+  if (r < 0)
+    goto fail;
+  /* qemu too takes a secret for an image that has no use for it. */
+  if (opts->passphrase && !img->crypt.enabled && opts->backing_depth == 0)
+    qcow2_debug (img, "qcow2-passphrase: the image is not encrypted: "
+                 "the passphrase is not used");
   free (first);
   first = NULL;
 
   qcow2_debug (img, "qcow2 v%u, cluster size %u, virtual size %" PRIu64
                ", %s compression, L1 %u entries at 0x%" PRIx64
-               ", file size %" PRIu64 "%s%s",
+               ", file size %" PRIu64 ", %u snapshot(s)%s%s%s",
                img->header.version, img->header.cluster_size,
                img->header.virtual_size,
                qcow2_compression_name (img->header.compression_type),
                img->header.l1_size, img->header.l1_table_offset,
-               img->file_size,
+               img->file_size, img->header.nb_snapshots,
+               img->crypt.enabled ? ", LUKS-encrypted" : "",
                img->header.incompatible_features & QCOW2_INCOMPAT_DIRTY
                ? ", dirty" : "",
                img->header.incompatible_features & QCOW2_INCOMPAT_CORRUPT
@@ -217,7 +307,9 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   img->csize_mask = (UINT64_C (1) << (img->header.cluster_bits - 8)) - 1;
   img->coffset_mask = (UINT64_C (1) << img->csize_shift) - 1;
 
-  r = qcow2_l1_load (img, io);
+  r = open_snapshots (img, io);
+  if (r == 0)
+    r = qcow2_l1_load (img, io);
   if (r < 0)
     goto fail;
 
@@ -281,6 +373,7 @@ qcow2_image_close (struct qcow2_image *img)
   free (img->l1_dirty);
   free (img->zero_cluster);
   qcow2_scratch_free_all (img);
+  qcow2_encrypt_close (img);
   qcow2_compress_free (img);
   qcow2_dedup_free (img);
   free (img->l1);

@@ -61,6 +61,16 @@ qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
     uint64_t sectors = ((entry >> img->csize_shift) & img->csize_mask) + 1;
 
     offset = entry & img->coffset_mask;
+    /* qemu never compresses into an encrypted image ("Compression and
+     * encryption not supported at the same time"), and such data could
+     * only be read undecrypted.
+     */
+    if (img->crypt.enabled) {
+      qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": a "
+                   "compressed cluster in an encrypted image (entry 0x%016"
+                   PRIx64 ")", guest, entry);
+      return -EIO;
+    }
     map->kind = CLUSTER_COMPRESSED;
     map->host_offset = offset;
     map->compressed_len = sectors * 512 - (offset & 511);

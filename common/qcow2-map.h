@@ -47,7 +47,8 @@ int qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
                       uint64_t *bitmaps, uint8_t *l2buf);
 
 /* Decode a standard L2 ENTRY for guest cluster GUEST_CLUSTER into *MAP,
- * validating it.  Returns 0, or -EIO after logging what is wrong.
+ * validating it (a compressed cluster in an encrypted image is invalid).
+ * Returns 0, or -EIO after logging what is wrong.
  */
 int qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
                     uint64_t entry, struct cluster_map *map);

@@ -7,7 +7,8 @@
  * read underneath, straight into the caller's buffer; compressed
  * clusters go into chunks (qcow2-chunk.h) that the connection's pool
  * decodes.  A small read that continues the previous one starts the
- * readahead (qcow2-readahead.h).
+ * readahead (qcow2-readahead.h).  In an encrypted image each run is
+ * decrypted on the pool while the next one is read (qcow2-encrypt.h).
  *
  * Implements qcow2_read and qcow2_prefetch (qcow2.h, the contract).  The
  * image lock is held shared only while a batch of L2 entries is fetched;
@@ -28,6 +29,7 @@
 #include "qcow2-cache.h"
 #include "qcow2-chunk.h"
 #include "qcow2-conn.h"
+#include "qcow2-encrypt.h"
 #include "qcow2-hostio.h"
 #include "qcow2-inflight.h"
 #include "qcow2-map.h"
@@ -36,15 +38,50 @@
 /* L2 entries fetched at a time (on the stack). */
 #define ENTRY_BATCH 512
 
+/* Read the pending run.  In an encrypted image its decryption then goes
+ * to the pool, while the caller reads on; the previous run's must be
+ * over first, as the request has one batch for it.
+ */
 static int
-run_flush (struct qcow2_image *img, struct request *req, struct qcow2_io *io)
+run_flush (struct qcow2_conn *conn, struct request *req, struct qcow2_io *io)
 {
+  struct qcow2_image *img = qcow2_conn_image (conn);
   int r = 0;
 
-  if (req->run_len)
+  if (req->run_len) {
     r = qcow2_pread_clamped (img, io, req->run_dst, req->run_len,
                              req->run_host);
+    if (img->crypt.enabled) {
+      int r2 = qcow2_encrypt_finish (conn, &req->crypt, &req->caller);
+      if (r == 0)
+        r = r2;
+      if (r == 0)
+        qcow2_encrypt_start (conn, &req->crypt, &req->caller, false,
+                             req->run_dst, req->run_len, req->run_host);
+    }
+  }
   req->run_len = 0;
+  return r;
+}
+
+/* Part of a sector of an encrypted image: decrypt the sectors around it
+ * in the calling thread's scratch.
+ */
+static int
+read_sectors_around (struct qcow2_image *img, struct request *req,
+                     struct qcow2_io *io, uint64_t host, uint8_t *dst,
+                     uint64_t len)
+{
+  uint64_t start = host & ~UINT64_C (511);
+  uint64_t end = (host + len + 511) & ~UINT64_C (511);
+  int r = qcow2_pread_clamped (img, io, req->caller.scratch, end - start,
+                               start);
+
+  if (r == 0)
+    r = qcow2_encrypt_here (img, req->caller.cipher, false,
+                            req->caller.scratch, end - start, start);
+  if (r == 0)
+    memcpy (dst, req->caller.scratch + (host - start), len);
   return r;
 }
 
@@ -52,15 +89,19 @@ static int
 add_normal (struct qcow2_conn *conn, struct request *req,
             struct qcow2_io *io, uint64_t host, uint8_t *dst, uint64_t len)
 {
+  struct qcow2_image *img = qcow2_conn_image (conn);
   int r;
 
   if (req->run_len && req->run_host + req->run_len == host &&
       req->run_dst + req->run_len == dst &&
-      req->run_len + len <= qcow2_conn_image (conn)->opts.request_size) {
+      req->run_len + len <= img->opts.request_size &&
+      !(img->crypt.enabled && ((host | len) & 511))) {
     req->run_len += len;
     return 0;
   }
-  r = run_flush (qcow2_conn_image (conn), req, io);
+  r = run_flush (conn, req, io);
+  if (r == 0 && img->crypt.enabled && ((host | len) & 511))
+    return read_sectors_around (img, req, io, host, dst, len);
   req->run_host = host;
   req->run_dst = dst;
   req->run_len = len;
@@ -220,7 +261,10 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
     }
   }
 
-  r2 = run_flush (img, req, io);
+  r2 = run_flush (conn, req, io);
+  if (r == 0)
+    r = r2;
+  r2 = qcow2_encrypt_finish (conn, &req->crypt, &req->caller);
   if (r == 0)
     r = r2;
   if (r == 0)

@@ -5,11 +5,13 @@
 
 #include <config.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "qcow2-scratch.h"
 #include "qcow2-codec.h"
+#include "qcow2-crypto.h"
 #include "qcow2-hostio.h"
 
 static void
@@ -23,7 +25,24 @@ scratch_free (struct write_scratch *ws)
   free (ws->l2buf);
   qcow2_decoder_free (ws->dec);
   qcow2_encoder_free (ws->enc);
+  qcow2_sector_cipher_free (ws->cipher);
+  free (ws->sealed);
   free (ws);
+}
+
+/* The image checked at open that its key makes a cipher: a failure here
+ * is memory.
+ */
+static int
+make_cipher (struct qcow2_image *img, struct write_scratch *ws)
+{
+  char err[256];
+
+  ws->sealed = malloc (img->header.cluster_size);
+  ws->cipher = qcow2_sector_cipher_new (&img->crypt.spec,
+                                        img->crypt.master_key,
+                                        err, sizeof err);
+  return ws->sealed && ws->cipher ? 0 : -ENOMEM;
 }
 
 struct write_scratch *
@@ -47,7 +66,8 @@ qcow2_scratch_get (struct qcow2_image *img)
     ws->compressed = malloc (2 * cluster_size);
     ws->l2buf = malloc (cluster_size);
     ws->dec = qcow2_decoder_new ();
-    if (ws->cow[0] && ws->cow[1] && ws->compressed && ws->l2buf && ws->dec)
+    if (ws->cow[0] && ws->cow[1] && ws->compressed && ws->l2buf && ws->dec
+        && (!img->crypt.enabled || make_cipher (img, ws) == 0))
       return ws;
   }
   scratch_free (ws);

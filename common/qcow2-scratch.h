@@ -9,7 +9,8 @@
  * Offers: qcow2_scratch_get, qcow2_scratch_put, qcow2_scratch_encoder,
  * qcow2_scratch_free_all.
  * Locks: img->scratch_lock, inside each call; any other lock may be held.
- * Needs: the codec (a decoder, and an encoder when asked for).
+ * Needs: the codec (a decoder, and an encoder when asked for), the
+ * ciphers (one per write of an encrypted image).
  */
 #ifndef QCOW2_SCRATCH_H
 #define QCOW2_SCRATCH_H

@@ -25,8 +25,9 @@
  *
  * Leaves, held with no lock taken inside them: qcow2_image.inflight's
  * lock (qcow2-inflight.c), qcow2_image.scratch_lock (qcow2-scratch.c),
- * and qcow2_image.compressors_lock, which guards the start of the
- * compressor threads and is held with no other lock.
+ * qcow2_image.compressors_lock, which guards the start of the
+ * compressor threads and is held with no other lock, and a key cache's
+ * lock (qcow2-encrypt.c), taken while an image opens.
  *
  * Waiting.  Nothing waits for a claim or a grace period (qcow2-inflight.h)
  * with the image lock held, or while it holds a claim or is registered
@@ -44,10 +45,12 @@
 
 #include "qcow2.h"
 #include "qcow2-inflight.h"
+#include "qcow2-crypto.h"
 #include "qcow2-pool.h"
 #include "qcow2-tablemap.h"
 
 struct qcow2_cache;
+struct qcow2_sector_cipher;
 struct qcow2_decoder;
 struct qcow2_encoder;
 struct backing;
@@ -126,6 +129,17 @@ struct allocator {
   bool discard_failed;        /* the storage refused a discard: stop */
 };
 
+/* A LUKS-encrypted image's key and where its LUKS area lies (written by
+ * qcow2-encrypt.c when the image opens; read by whoever makes a sector
+ * cipher: the connections' threads and the image's write scratch).
+ */
+struct image_crypt {
+  bool enabled;
+  struct qcow2_cipher_spec spec;
+  uint8_t master_key[QCOW2_CRYPTO_MAX_KEY_BYTES];
+  uint64_t area_offset, area_length;  /* host bytes of the LUKS area */
+};
+
 struct qcow2_image {
   struct qcow2_header header;
   struct qcow2_log log;
@@ -181,6 +195,13 @@ struct qcow2_image {
    * exclusively; read under the lock, or by qcow2_pwrite_logged).
    */
   atomic_bool autoclear_on_disk;
+
+  /* Encryption (crypt_method 2), and the internal snapshot served
+   * instead of the active disk: then the header's l1_size and
+   * l1_table_offset are the snapshot's, and the image is read-only.
+   */
+  struct image_crypt crypt;
+  bool serving_snapshot;
 
   /* The backing file (qcow2-backing.c), NULL when unallocated clusters
    * read as zeros, and how to read LEN bytes of its disk at OFFSET (zeros
@@ -265,6 +286,11 @@ struct write_scratch {
   uint8_t *l2buf;             /* a cluster: an L2 table read for a lookup */
   struct qcow2_decoder *dec;
   struct qcow2_encoder *enc;  /* made on first use */
+  /* Encrypted images only: this write's cipher, and a cluster to encrypt
+   * into what has no request buffer (zeroes) on this thread.
+   */
+  struct qcow2_sector_cipher *cipher;
+  uint8_t *sealed;
   uint64_t entries[QCOW2_PIECE_MAX];
   struct piece_cluster piece[QCOW2_PIECE_MAX];
 };
@@ -274,8 +300,25 @@ struct write_scratch {
  */
 struct thread_state {
   struct qcow2_decoder *dec;
+  struct qcow2_sector_cipher *cipher;   /* encrypted images only */
   uint8_t *scratch;             /* one cluster */
   char err[256];
+};
+
+/* Host sectors of an encrypted image to encrypt or decrypt in place on a
+ * connection's pool, a job per JOB_BYTES (qcow2-encrypt.c).
+ */
+struct sector_batch {
+  struct qcow2_batch batch;
+  struct qcow2_image *img;
+  uint8_t *buf;
+  uint64_t len;
+  uint64_t host_offset;         /* of BUF's first byte: the IVs' source */
+  uint64_t job_bytes;
+  bool encrypt;
+  bool in_flight;
+  _Atomic int failed;
+  char errmsg[400];
 };
 
 /* One compressed cluster to decode (qcow2-chunk.c). */
@@ -326,6 +369,13 @@ struct request {
   /* A pending run of host-contiguous normal clusters. */
   uint8_t *run_dst;
   uint64_t run_host, run_len;
+
+  /* Encrypted images: the run being decrypted on the pool while the
+   * next one is read, and for writes, request_size bytes to encrypt the
+   * client's data into (made on first use).
+   */
+  struct sector_batch crypt;
+  uint8_t *crypt_buf;
 };
 
 /* A batch of whole clusters to compress on the image's compressor

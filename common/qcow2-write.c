@@ -47,15 +47,16 @@ reclaim (struct qcow2_image *img, struct qcow2_io *io)
  * takes progress, so this ends.
  */
 static int
-change (struct qcow2_image *img, struct qcow2_io *io, enum qcow2_op op,
-        const uint8_t *buf, uint64_t count, uint64_t offset,
-        struct change_result *result)
+change (struct qcow2_image *img, struct qcow2_io *io, struct qcow2_conn *conn,
+        struct request *req, enum qcow2_op op, const uint8_t *buf,
+        uint64_t count, uint64_t offset, struct change_result *result)
 {
   uint64_t done;
   int r;
 
   for (;;) {
-    r = qcow2_change_range (img, io, op, buf, count, offset, &done, result);
+    r = qcow2_change_range (img, io, conn, req, op, buf, count, offset,
+                            &done, result);
     if (r != QCOW2_RECLAIM || (r = reclaim (img, io)) < 0)
       return r;
     if (buf)
@@ -169,8 +170,8 @@ write_compressed (struct qcow2_conn *conn, struct qcow2_io *io,
     r = flush_compress_batch (io, ctx, batch_gc, result);
     if (r < 0)
       break;
-    r = change (img, io, QCOW2_OP_WRITE, buf + (pos - offset), hi - pos, pos,
-                result);
+    r = change (img, io, conn, NULL, QCOW2_OP_WRITE, buf + (pos - offset),
+                hi - pos, pos, result);
     pos = hi;
   }
   r2 = flush_compress_batch (io, ctx, batch_gc, result);
@@ -240,8 +241,24 @@ qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
                   fua ? " FUA" : "");
   if (img->opts.compress)
     r = write_compressed (conn, io, buf, count, offset, &result);
-  else
-    r = change (img, io, QCOW2_OP_WRITE, buf, count, offset, &result);
+  else {
+    /* An encrypted image's data is encrypted into a request's buffer,
+     * on the connection's pool.
+     */
+    struct request *req = NULL;
+
+    if (img->crypt.enabled &&
+        ((req = qcow2_conn_request_get (conn)) == NULL ||
+         qcow2_conn_request_crypt_buf (conn, req) < 0)) {
+      if (req)
+        qcow2_conn_request_put (conn, req);
+      return -ENOMEM;
+    }
+    r = change (img, io, conn, req, QCOW2_OP_WRITE, buf, count, offset,
+                &result);
+    if (req)
+      qcow2_conn_request_put (conn, req);
+  }
   if (r == 0)
     r = finish_change (img, io, fua, &result);
   if (r == 0)
@@ -265,7 +282,8 @@ qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
       r = -ENOTSUP;
   }
   if (r == 0)
-    r = change (img, io, QCOW2_OP_ZERO, NULL, count, offset, &result);
+    r = change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, count, offset,
+                &result);
   if (r == 0)
     r = finish_change (img, io, fua, &result);
   return r;
@@ -280,7 +298,8 @@ qcow2_trim (struct qcow2_image *img, struct qcow2_io *io,
 
   if (r < 0 || count == 0)
     return r;
-  r = change (img, io, QCOW2_OP_TRIM, NULL, count, offset, &result);
+  r = change (img, io, NULL, NULL, QCOW2_OP_TRIM, NULL, count, offset,
+              &result);
   if (r == 0)
     r = finish_change (img, io, fua, &result);
   return r;

@@ -29,67 +29,32 @@
 #define MIN_DIRTY_L2_TABLES 8
 #define MAX_PENDING_FREES 65536
 
-int
-qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
-                    uint64_t l1_index, bool create, struct meta_table **out)
+/* Put a table for host OFFSET into the dirty set, its content from
+ * SOURCE (0: a new, empty table).
+ */
+static int
+new_dirty_table (struct qcow2_image *img, struct qcow2_io *io,
+                 uint64_t offset, uint64_t source, struct meta_table **out)
 {
-  const struct qcow2_header *h = &img->header;
-  uint64_t l1e = img->l1[l1_index];
-  uint64_t offset = l1e & L1E_OFFSET_MASK;
-  struct meta_table *t;
+  const uint32_t cluster_size = img->header.cluster_size;
+  struct meta_table *t = malloc (sizeof *t + cluster_size), *from;
   int r;
 
-  *out = NULL;
-  if (offset == 0) {
-    if (!create)
-      return 0;
-    r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &offset);
-    if (r < 0)
-      return r;
-    t = calloc (1, sizeof *t + h->cluster_size);
-    if (t == NULL)
-      goto nomem;
-    t->offset = offset;
-    t->dirty = true;
-    if (tablemap_insert (&img->dirty_l2, t) == -1) {
-      free (t);
-      goto nomem;
-    }
-    img->l1[l1_index] = offset | L2E_COPIED;
-    img->l1_dirty[l1_index] = 1;
-    img->l1_any_dirty = true;
-    *out = t;
-    return 0;
-  }
-
-  if ((l1e & L1E_RESERVED_MASK) || (offset & (h->cluster_size - 1)) ||
-      offset > img->file_size || h->cluster_size > img->file_size - offset) {
-    qcow2_error (img, "L1 entry %" PRIu64 " (0x%016" PRIx64 ") is invalid: "
-                 "reserved bits, unaligned or outside the file",
-                 l1_index, l1e);
-    return -EIO;
-  }
-  if (!(l1e & L2E_COPIED)) {
-    qcow2_error (img, "L1 entry %" PRIu64 ": the L2 table is shared "
-                 "(COPIED is clear) and cannot be written in place",
-                 l1_index);
-    return -EIO;
-  }
-  t = tablemap_find (&img->dirty_l2, offset);
-  if (t) {
-    *out = t;
-    return 0;
-  }
-  t = malloc (sizeof *t + h->cluster_size);
   if (t == NULL)
     goto nomem;
   t->offset = offset;
-  /* Written back only once an entry changes: a zero or trim of what
-   * reads as zeros already changes nothing on disk.
+  /* A loaded table is written back only once an entry changes (a zero
+   * or trim of what reads as zeros already changes nothing on disk); a
+   * new table, or a copy that the L1 entry will point at, always.
    */
-  t->dirty = false;
-  if (!qcow2_cache_get (img->l2_cache, offset, 0, t->data, h->cluster_size)) {
-    r = qcow2_pread_clamped (img, io, t->data, h->cluster_size, offset);
+  t->dirty = source != offset;
+  if (source == 0)
+    memset (t->data, 0, cluster_size);
+  else if ((from = tablemap_find (&img->dirty_l2, source)) != NULL)
+    memcpy (t->data, from->data, cluster_size);
+  else if (!qcow2_cache_get (img->l2_cache, source, 0, t->data,
+                             cluster_size)) {
+    r = qcow2_pread_clamped (img, io, t->data, cluster_size, source);
     if (r < 0) {
       free (t);
       return r;
@@ -105,6 +70,99 @@ qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
  nomem:
   qcow2_error (img, "out of memory for an L2 table");
   return -ENOMEM;
+}
+
+/* Is the L2 table at OFFSET (L1 entry L1_INDEX) shared with a snapshot?  Its
+ * L1 entry's COPIED says so; with snapshots, the refcount is asked too,
+ * as a table changed in place while a snapshot still uses it would
+ * change the snapshot.  A table to be copied must be counted, or the
+ * release of this reference would fail after the L1 entry moved.
+ */
+static int
+table_shared (struct qcow2_image *img, struct qcow2_io *io, uint64_t l1_index,
+              uint64_t offset, bool *shared, uint64_t *refcount)
+{
+  uint64_t l1e = img->l1[l1_index];
+  int r;
+
+  *refcount = 1;
+  *shared = !(l1e & L2E_COPIED);
+  if (!*shared && img->header.nb_snapshots == 0)
+    return 0;
+  r = qcow2_refcount_get (img, io, offset >> img->header.cluster_bits,
+                          refcount);
+  if (r < 0)
+    return r;
+  if (*refcount == 0) {
+    qcow2_error (img, "L1 entry %" PRIu64 ": the L2 table at 0x%" PRIx64
+                 " is in use but its refcount is 0", l1_index, offset);
+    return -EIO;
+  }
+  *shared = *refcount != 1 || !(l1e & L2E_COPIED);
+  return 0;
+}
+
+int
+qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
+                    uint64_t l1_index, bool create, struct meta_table **out)
+{
+  const struct qcow2_header *h = &img->header;
+  uint64_t l1e = img->l1[l1_index];
+  uint64_t offset = l1e & L1E_OFFSET_MASK;
+  uint64_t new_offset, refcount;
+  bool shared;
+  int r;
+
+  *out = NULL;
+  if (offset == 0 && !create)
+    return 0;
+  if (offset != 0) {
+    if ((l1e & L1E_RESERVED_MASK) || (offset & (h->cluster_size - 1)) ||
+        offset > img->file_size || h->cluster_size > img->file_size - offset) {
+      qcow2_error (img, "L1 entry %" PRIu64 " (0x%016" PRIx64 ") is invalid: "
+                   "reserved bits, unaligned or outside the file",
+                   l1_index, l1e);
+      return -EIO;
+    }
+    r = table_shared (img, io, l1_index, offset, &shared, &refcount);
+    if (r < 0)
+      return r;
+    if (!shared) {
+      *out = tablemap_find (&img->dirty_l2, offset);
+      return *out ? 0 : new_dirty_table (img, io, offset, offset, out);
+    }
+  }
+
+  /* A new table: empty, or a copy of one shared with a snapshot, which
+   * keeps the old one and loses this image's reference to it once the
+   * new one is on disk.  The data clusters keep their counts: each is
+   * still counted once through each table that maps it (qemu's
+   * l2_allocate).
+   */
+  r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &new_offset);
+  if (r < 0)
+    return r;
+  r = new_dirty_table (img, io, new_offset, offset, out);
+  if (r == 0 && offset != 0)
+    r = qcow2_free_later (img, offset, h->cluster_size, 0);
+  if (r < 0) {
+    if (*out)
+      free (tablemap_remove (&img->dirty_l2, new_offset));
+    *out = NULL;
+    qcow2_free_later (img, new_offset, h->cluster_size, 0);
+    return r;
+  }
+  if (offset != 0) {
+    qcow2_cache_drop (img->l2_cache, offset);
+    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "L1 entry %" PRIu64 ": the L2 "
+                    "table at 0x%" PRIx64 " is shared (refcount %" PRIu64
+                    "%s): copied to 0x%" PRIx64, l1_index, offset, refcount,
+                    l1e & L2E_COPIED ? "" : ", COPIED clear", new_offset);
+  }
+  img->l1[l1_index] = new_offset | L2E_COPIED;
+  img->l1_dirty[l1_index] = 1;
+  img->l1_any_dirty = true;
+  return 0;
 }
 
 bool

@@ -3,8 +3,9 @@
  *
  * Guest data is written at once, either in place (a normal cluster with
  * COPIED set, i.e. refcount exactly 1) or into a newly allocated cluster
- * whose L2 entry is changed only once the data write has returned.  L2
- * and L1 changes and refcounts stay in memory until qcow2_flush (or until
+ * whose L2 entry is changed only once the data write has returned; an
+ * L2 table shared with a snapshot is copied before it changes.  L2 and
+ * L1 changes and refcounts stay in memory until qcow2_flush (or until
  * enough have piled up), which writes them in the order that keeps the
  * image consistent on disk at every moment:
  *
@@ -48,11 +49,14 @@
 #include "qcow2-types.h"
 
 /* The L2 table for L1_INDEX, as a table that may be changed: made (and
- * hooked into the L1 table in memory) if the L1 entry is empty, else
- * loaded into the dirty set.  A loaded table is not dirty: the caller
- * that changes an entry sets t->dirty, so that a table nothing changed
- * is not written back.  With CREATE false and no table, *OUT is NULL.
- * The pointer is valid only while the image lock stays held.  0,
+ * hooked into the L1 table in memory) if the L1 entry is empty, copied
+ * into a new table (hooked in the same way; the old one is released
+ * after the next writeback) if a snapshot shares it (COPIED clear in the
+ * L1 entry, or with snapshots a refcount other than 1), else loaded into
+ * the dirty set.  A loaded table is not dirty: the caller that changes an
+ * entry sets t->dirty, so that a table nothing changed is not written
+ * back; a new or copied table is.  With CREATE false and no table, *OUT
+ * is NULL.  The pointer is valid only while the image lock stays held.  0,
  * QCOW2_RECLAIM (no room for a new table yet: see qcow2-alloc.h), or
  * -errno after logging.
  */

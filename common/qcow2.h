@@ -54,6 +54,17 @@ struct qcow2_options {
   enum qcow2_detect_zeroes detect_zeroes;
   enum qcow2_lock_policy locking; /* for the backing files it opens */
   unsigned debug;                 /* QCOW2_DEBUG_* bits */
+  /* The passphrase of a LUKS-encrypted image (NUL-terminated), or NULL. */
+  const char *passphrase;
+  /* Master keys unlocked before, shared by the images opened with it
+   * (see qcow2_key_cache_new), or NULL: every open unlocks.
+   */
+  struct qcow2_key_cache *key_cache;
+  /* Serve this internal snapshot instead of the active disk, read-only:
+   * an ID or a name, or "snapshot.id=ID,snapshot.name=NAME" (qemu-img
+   * convert -l's argument); NULL: the active disk.
+   */
+  const char *snapshot;
 };
 
 /* What qcow2_log.debug receives. */
@@ -66,6 +77,12 @@ struct qcow2_create_options {
   uint64_t virtual_size;
   uint32_t cluster_bits;
   enum qcow2_compression compression_type;
+  /* LUKS encryption (aes-256-xts-plain64, sha256, as qemu-img's default)
+   * with qcow2_options.passphrase in key slot 0, PBKDF2 tuned to
+   * ITER_TIME_MS milliseconds (0: qemu's 2000).
+   */
+  bool encrypt;
+  uint32_t iter_time_ms;
 };
 
 #define QCOW2_DEFAULT_REQUEST_SIZE       (UINT64_C (4) << 20)
@@ -89,10 +106,23 @@ struct qcow2_stats {
 
 struct qcow2_image;
 struct qcow2_conn;
+struct qcow2_key_cache;
+
+/* A key cache remembers the master keys of the LUKS images unlocked with
+ * it, by the digest of the image's LUKS area and of the passphrase, so
+ * that opening the same image again (the filter opens an export's image
+ * anew for each run of connections) does not pay PBKDF2's seconds again.
+ * Thread safe.  Returns NULL if memory runs out.  Free wipes the keys.
+ */
+struct qcow2_key_cache *qcow2_key_cache_new (void);
+void qcow2_key_cache_free (struct qcow2_key_cache *cache);
 
 /* Open the image that IO reads: parse and validate the header, read the
  * L1 table, set up the caches.  LOG receives errors (and, if set,
- * debug messages) for the life of the image.
+ * debug messages) for the life of the image.  An encrypted image is
+ * unlocked with OPTS->passphrase (-EPERM, after saying so, if it is
+ * wrong; nothing is written then); OPTS->snapshot selects an internal
+ * snapshot to serve (read-only).
  */
 int qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
                       const struct qcow2_options *opts,
@@ -106,7 +136,8 @@ int qcow2_create_validate (const struct qcow2_create_options *create,
                            char *errbuf, size_t errlen);
 
 /* Format the storage IO reads and writes as a new, empty qcow2 v3 image
- * (refcount width 16, no extensions), then open it like qcow2_image_open
+ * (refcount width 16; with CREATE->encrypt, a LUKS area after the L1
+ * table and its header extension), then open it like qcow2_image_open
  * with OPTS (which must be writable).  Refuses, changing nothing, unless
  * the first cluster of the storage is all zeros, and if the storage is
  * too small for the image's metadata.

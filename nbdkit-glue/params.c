@@ -14,6 +14,7 @@
 #include "params.h"
 #include "cmdline.h"
 #include "qcow2-codec.h"
+#include "qcow2-crypto.h"
 
 /* -D qcow2zstd.FLAG=1 (see params.h). */
 NBDKIT_DLL_PUBLIC int qcow2zstd_debug_image;
@@ -44,6 +45,9 @@ static bool create_details_given;
 static bool level_given;
 static int force_share_param;   /* qcow2-force-share */
 int params_readonly = -1;
+static bool encrypt_details_given;  /* qcow2-encrypt-iter-time */
+static char *passphrase;        /* from nbdkit_read_password */
+static char *snapshot;
 
 /* nbdkit 1.32 gives filters no way to add --dump-plugin lines, so the
  * filter prints its own when it sees that option on the command line.
@@ -157,6 +161,12 @@ params_unload (void)
   free (image_dir);
   free (image_file);
   free ((char *) engine_options.backing_path);
+  if (passphrase) {
+    qcow2_wipe (passphrase, strlen (passphrase));
+    free (passphrase);
+  }
+  free (snapshot);
+  qcow2_key_cache_free (engine_options.key_cache);
 }
 
 int
@@ -173,6 +183,50 @@ params_config (const char *key, const char *value)
       return -1;
     }
     engine_options.backing_path = path;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-passphrase") == 0) {
+    /* nbdkit's conventions: the value, "-" to prompt, "+FILE", "-FD". */
+    if (passphrase) {
+      qcow2_wipe (passphrase, strlen (passphrase));
+      free (passphrase);
+      passphrase = NULL;
+    }
+    if (nbdkit_read_password (value, &passphrase) == -1)
+      return -1;
+    engine_options.passphrase = passphrase;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-encrypt-format") == 0) {
+    if (strcmp (value, "luks") != 0) {
+      nbdkit_error ("%s: '%s' cannot be created: only luks (qcow2's legacy "
+                    "aes is not created, as by qemu)", key, value);
+      return -1;
+    }
+    create_options.encrypt = true;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-encrypt-iter-time") == 0) {
+    unsigned ms;
+    if (nbdkit_parse_unsigned (key, value, &ms) == -1)
+      return -1;
+    if (ms < 1 || ms > 3600000) {
+      nbdkit_error ("%s: %s is out of range (1 to 3600000 milliseconds)",
+                    key, value);
+      return -1;
+    }
+    create_options.iter_time_ms = ms;
+    encrypt_details_given = true;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-snapshot") == 0) {
+    free (snapshot);
+    snapshot = strdup (value);
+    if (snapshot == NULL) {
+      nbdkit_error ("qcow2-snapshot: out of memory");
+      return -1;
+    }
+    engine_options.snapshot = snapshot;
     return 0;
   }
   if (strcmp (key, "qcow2-threads") == 0) {
@@ -380,6 +434,45 @@ params_complete (void)
                   "apply with qcow2-create=SIZE");
     return -1;
   }
+  if ((create_options.encrypt || encrypt_details_given) &&
+      !create_requested) {
+    nbdkit_error ("qcow2-encrypt-format and qcow2-encrypt-iter-time only "
+                  "apply with qcow2-create=SIZE");
+    return -1;
+  }
+  if (encrypt_details_given && !create_options.encrypt) {
+    nbdkit_error ("qcow2-encrypt-iter-time only applies with "
+                  "qcow2-encrypt-format=luks");
+    return -1;
+  }
+  if (create_options.encrypt && passphrase == NULL) {
+    nbdkit_error ("qcow2-encrypt-format=luks needs the passphrase: "
+                  "qcow2-passphrase=SECRET");
+    return -1;
+  }
+  if (create_requested && passphrase && !create_options.encrypt) {
+    nbdkit_error ("qcow2-passphrase with qcow2-create: give "
+                  "qcow2-encrypt-format=luks to make an encrypted image");
+    return -1;
+  }
+  if (create_options.encrypt && compress_param == 1) {
+    /* qemu-img convert -c -o encrypt.format=luks says the same. */
+    nbdkit_error ("qcow2-compress: Compression and encryption not "
+                  "supported at the same time");
+    return -1;
+  }
+  if (create_requested && snapshot) {
+    nbdkit_error ("qcow2-snapshot: a new image has no snapshots to serve");
+    return -1;
+  }
+  /* The key slot is unlocked once per image: an export opened again for
+   * the next client takes the key from here.
+   */
+  if (passphrase && engine_options.key_cache == NULL &&
+      (engine_options.key_cache = qcow2_key_cache_new ()) == NULL) {
+    nbdkit_error ("qcow2-passphrase: out of memory");
+    return -1;
+  }
   if (create_requested) {
     char err[256];
     if (qcow2_create_validate (&create_options, err, sizeof err) == -1) {
@@ -397,7 +490,8 @@ params_complete (void)
   /* Compression is what creating an image is for; an existing image is
    * written the way qemu writes it unless asked.
    */
-  engine_options.compress = compress_param == -1 ? create_requested : compress_param;
+  engine_options.compress = compress_param == -1
+    ? create_requested && !create_options.encrypt : compress_param;
   return 0;
 }
 

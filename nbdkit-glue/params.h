@@ -68,6 +68,10 @@ int params_add_extent (void *extents, uint64_t offset, uint64_t length,
   "qcow2-detect-zeroes=off|on|unmap  Zero clusters for zeros written (default off).\n" \
   "qcow2-backing=PATH             The backing file (default: the image's own).\n" \
   "qcow2-locking=on|off           Lock the image as qemu does (default on).\n" \
-  "qcow2-force-share=BOOL         With -r: read even an image in use (qemu -U)."
+  "qcow2-force-share=BOOL         With -r: read even an image in use (qemu -U).\n" \
+  "qcow2-passphrase=SECRET        Of a LUKS image (- to prompt, +FILE, -FD).\n" \
+  "qcow2-encrypt-format=luks      Encrypt a created image (with qcow2-passphrase).\n" \
+  "qcow2-encrypt-iter-time=MS     PBKDF2 time of its key slot (default 2000).\n" \
+  "qcow2-snapshot=NAME|ID         Serve this internal snapshot, read-only."
 
 #endif /* QCOW2ZSTD_PARAMS_H */

@@ -540,6 +540,23 @@ requires_nbd_python ()
     PYTHON=python3
 }
 
+# mixed_disk FILE SIZE SEED: a disk of SIZE bytes made of random, text
+# and zero regions of up to 300000 bytes, the same for the same SEED.
+mixed_disk ()
+{
+    "${PYTHON:-/usr/bin/python3}" - "$@" <<'EOF'
+import random, sys
+path, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(seed)
+out = bytearray()
+while len(out) < size:
+    k = rng.randrange(3)
+    n = rng.randrange(1, 300000)
+    out += rng.randbytes(n) if k == 0 else (b"lorem ipsum qcow2 " * (n // 18 + 1))[:n] if k == 1 else bytes(n)
+open(path, "wb").write(out[:size])
+EOF
+}
+
 # ------------------------------------------------------ the test's end
 # _cleanup [STATUS]: the exit trap.  STATUS is the test's exit status
 # ($? by default; a test whose own trap runs something first passes

@@ -53,6 +53,9 @@ fua-ignored         | qcow2_write          | any    | start:fua = false;        
 fua-ignored         | qcow2_zero           | any    | start:fua = false;                            |
 fua-ignored         | qcow2_trim           | any    | start:fua = false;                            |
 discard-too-early   | writeback_serialized | any    | before-last:^\s*/\* 2\. L2 tables:pthread_rwlock_wrlock (&img->lock); if (releases && qcow2_apply_frees (img, io, &s.frees) == 0) (void) qcow2_alloc_reuse_released (img, io); releases = false; pthread_rwlock_unlock (&img->lock); | test-power-loss
+snapshot-cow-skipped | owned_alone         | any    | start:*alone = map->kind == CLUSTER_NORMAL; return 0; | test-snapshots test-engine-snapshots test-power-loss
+snapshot-l2-in-place | table_shared        | any    | start:*shared = false; *refcount = 1; return 0; | test-snapshots test-engine-snapshots
+plaintext-encrypted | qcow2_sectors_encrypt | any    | start:return 0;                               | test-encrypted test-engine-luks test-power-loss
 EOF
 )
 

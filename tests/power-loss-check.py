@@ -7,6 +7,7 @@
 #       --initial DEVICE|none --size VIRTUAL_SIZE [--initial-raw RAW]
 #       [--states N] [--seed S] [--create CLUSTER_SIZE]
 #       [--keep-unformatted PATH] [--expect-discards] [--expect-cut]
+#       [--secret FILE] [--snapshot ID=RAW]...
 #       [--workdir DIR] [--jobs J]
 #
 # A crash state is what the storage may hold after a power loss: every
@@ -33,6 +34,10 @@
 # point at) may lie in a range discarded and not written since.  With
 # --expect-discards the log must hold a discard, with --expect-cut a
 # truncate that made the file shorter.
+#
+# With --secret, the image is LUKS-encrypted and qemu opens it with the
+# passphrase in FILE.  Each --snapshot ID=RAW is an internal snapshot that every state must still
+# hold exactly as RAW (qemu-img convert -l snapshot.id=ID).
 
 import argparse
 import bisect
@@ -185,7 +190,9 @@ def unformatted(state, cluster):
     return head.count(0) == len(head)
 
 
-def worker_init(shadow_path, initial_raw, vsize, create):
+def worker_init(shadow_path, initial_raw, vsize, create, secret, snapshots):
+    W["secret"] = os.path.abspath(secret) if secret else None
+    W["snapshots"] = [(i, open(raw, "rb").read()) for i, raw in snapshots]
     W["ops"] = read_shadow(shadow_path)
     W["initial"] = (open(initial_raw, "rb").read() if initial_raw
                     else bytes(vsize))
@@ -289,6 +296,22 @@ def refers_to_lost(state, lost):
     return None
 
 
+def qemu_read(image, raw, options=()):
+    """The guest disk qemu reads from IMAGE (qemu-img's arguments for
+    the image, the file last) with OPTIONS, through the scratch file RAW:
+    (bytes, None), or (None, qemu-img's error).
+    """
+    r = subprocess.run(["qemu-img", "convert", *options, *image[:-1],
+                        "-O", "raw", image[-1], raw],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, r.stderr
+    with open(raw, "rb") as f:
+        got = f.read()
+    os.unlink(raw)
+    return got, None
+
+
 def check_state(path, k, label, lost=()):
     """None if the state at PATH is fine with shadow entry K as the last
     flush that must be durable (-1: none), else what is wrong.
@@ -304,18 +327,27 @@ def check_state(path, k, label, lost=()):
             err = refers_to_lost(f.read(), list(lost))
         if err:
             return err
-        r = subprocess.run(["qemu-img", "check", "-f", "qcow2", path],
+        if W["secret"]:
+            image = ["--object", f"secret,id=s0,file={W['secret']}",
+                     "--image-opts",
+                     f"driver=qcow2,file.filename={path},encrypt.key-secret=s0"]
+        else:
+            image = ["-f", "qcow2", path]
+        r = subprocess.run(["qemu-img", "check"] + image,
                            capture_output=True, text=True)
         if r.returncode not in (0, 3) or "ERROR" in r.stdout:
             return (f"qemu-img check exit {r.returncode}:\n"
                     f"{r.stdout}{r.stderr}")
-        raw = path + ".raw"
-        r = subprocess.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw",
-                            path, raw], capture_output=True, text=True)
-        if r.returncode != 0:
-            return f"qemu-img convert failed: {r.stderr}"
-        got = open(raw, "rb").read()
-        os.unlink(raw)
+        for sid, want_snap in W["snapshots"]:
+            got, err = qemu_read(image, path + ".raw",
+                                 ["-l", f"snapshot.id={sid}"])
+            if err:
+                return f"qemu-img convert -l snapshot.id={sid} failed: {err}"
+            if got != want_snap:
+                return f"snapshot {sid} changed"
+        got, err = qemu_read(image, path + ".raw")
+        if err:
+            return f"qemu-img convert failed: {err}"
         want = expected_at(k)
         if len(got) != W["vsize"]:
             return f"the disk is {len(got)} bytes, not {W['vsize']}"
@@ -356,6 +388,8 @@ def main():
     ap.add_argument("--keep-unformatted")
     ap.add_argument("--expect-discards", action="store_true")
     ap.add_argument("--expect-cut", action="store_true")
+    ap.add_argument("--secret")
+    ap.add_argument("--snapshot", action="append", default=[])
     ap.add_argument("--workdir", default=".")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
@@ -462,7 +496,8 @@ def main():
 
     with ProcessPoolExecutor(a.jobs, initializer=worker_init,
                              initargs=(a.shadow, a.initial_raw, a.size,
-                                       a.create)) as pool:
+                                       a.create, a.secret,
+                                       [x.split("=", 1) for x in a.snapshot])) as pool:
         for number, (j, subset) in enumerate(plan):
             while applied < j:
                 for rec in intervals[applied]:

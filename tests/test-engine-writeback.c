@@ -42,6 +42,7 @@
 static const char *const kind_names[] = {
   [WRITE_DATA] = "D", [WRITE_HEADER] = "H", [WRITE_REFCOUNT_TABLE] = "T",
   [WRITE_REFCOUNT_BLOCK] = "B", [WRITE_L1] = "L1", [WRITE_L2] = "L2",
+  [WRITE_LUKS] = "K", [WRITE_SNAPSHOT_TABLE] = "S",
 };
 
 /* KIND[i] of a flush and of a discard. */
@@ -144,6 +145,7 @@ check_dependencies (const struct mem_io *m, const int *kind, const char *ctx)
     [WRITE_L1] = 1u << WRITE_L2 | 1u << WRITE_DATA |
       1u << WRITE_REFCOUNT_BLOCK | 1u << WRITE_REFCOUNT_TABLE |
       1u << WRITE_HEADER,
+    [WRITE_LUKS] = 0, [WRITE_SNAPSHOT_TABLE] = 0,
   };
   unsigned unflushed = 0, bad = 0;
 

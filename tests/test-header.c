@@ -539,11 +539,16 @@ test_check_features (void)
     UNIT_NOTE_IF_FAILED (before, "incompatible bit %u", bit);
   }
 
+  /* LUKS is served (once unlocked); legacy AES and unknown methods are
+   * refused, saying what they are.
+   */
   f = valid_v3 ();
   f.crypt_method = 1;
-  features_case ("AES", &f, "crypt_method");
+  features_case ("AES", &f, "legacy AES");
+  f.crypt_method = 3;
+  features_case ("method 3", &f, "unknown encryption method 3");
   f.crypt_method = 2;
-  features_case ("LUKS", &f, "crypt_method");
+  features_case ("LUKS", &f, NULL);
 
   f = valid_v3 ();
   f.incompatible_features = QCOW2_INCOMPAT_DATA_FILE;

@@ -260,8 +260,11 @@ for holder in qemu-nbd qemu-io qemu-img; do
     case $holder in
         qemu-nbd) start_qemu q 101 qemu-nbd -k "$PWD/q.sock" img.qcow2 ;;
         qemu-io) start_qemu q 101 qemu-io -f qcow2 -c "write -P 0x5a 0 64k" -c "sleep 600000" img.qcow2 ;;
-        # Rewriting one allocated cluster in place (-S 0): the metadata
-        # does not change under our force-share reader below.
+        # A writer that grows the file as we look (bench walks the
+        # whole disk, allocating): the served size and the file's then
+        # differ by the time the filter compares them.  qemu keeps the
+        # new L2 entries in its cache until it exits, so the metadata
+        # on disk stays as our force-share reader below reads it.
         qemu-img) start_qemu q 101 qemu-img bench -w -c 1000000000 -d 1 -s 4096 -S 0 img.qcow2 ;;
     esac
     echo "$holder writing, then ours:"
@@ -363,6 +366,31 @@ for form in filter plugin; do
     unserve a
 done
 echo "backing file: locked as qemu locks it (bytes 100, 201, 203); qemu cannot write it, can read it"
+
+# ------------------------------------------------------------ which file is served
+# A file the plugin serves with another size but the same first bytes
+# (here under the truncate filter) is the one locked; a file whose
+# bytes are served from elsewhere in it (the offset filter) is not.
+new_image
+start_qemu q 101 qemu-nbd -k "$PWD/q.sock" img.qcow2
+start_server "$PWD/a.sock" --filter=truncate file img.qcow2 \
+    truncate=$(( $(stat -c %s img.qcow2) + 65536 ))
+PIDS[a]=$SERVER_PID JOBS[a]=$SERVER_JOB SERVER_PID=
+refused_client a "$(uri a)" "$W"
+unserve a
+kill "${PIDS[q]}"; wait "${PIDS[q]}" 2>/dev/null || true
+echo "  served with another size, same first bytes: locked (and refused beside qemu-nbd)"
+qemu-img create -q -f qcow2 inner.qcow2 32M
+{ head -c 1M /dev/zero; cat inner.qcow2; head -c 1M /dev/zero; } > outer.img
+start_server "$PWD/a.sock" --filter=offset file outer.img offset=1M -v
+PIDS[a]=$SERVER_PID JOBS[a]=$SERVER_JOB SERVER_PID=
+hold one "$(uri a)" 0 65536 0xe1 || fail "offset: our writer was refused"
+[ -z "$(lock_bytes outer.img)" ] || fail "offset: bytes $(lock_bytes outer.img) of outer.img locked"
+release one
+unserve a
+grep -q "begin differently: it is not that file, and the image is not locked" a.sock.log ||
+    { cat a.sock.log; fail "offset: no debug line for the file not locked"; }
+echo "  served from 1M into the file: not locked ($(grep -o "the plugin serves .*" a.sock.log | head -1))"
 
 # ------------------------------------------------------------ no lock possible
 NBDKIT_TIMEOUT=120 run_nbdkit -v -U "$PWD/mem.sock" --filter="$FILTER" memory 64M \

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -24,11 +25,9 @@
 #include "qcow2-endian.h"
 #include "qcow2-header.h"
 #include "qcow2-luks.h"
+#include "oracle.h"
 #include "unit.h"
-#include "unit-image.h"
-
-#define KiB 1024
-#define MiB (1024 * 1024)
+#include "util.h"
 
 static void
 unhex (const char *hex, uint8_t *out)
@@ -523,7 +522,7 @@ static char *
 image_path (size_t i)
 {
   char *path;
-  if (asprintf (&path, "%s/luks-%zu.qcow2", unit_dir, i) < 0)
+  if (asprintf (&path, "%s/luks-%zu.qcow2", scratch_dir (), i) < 0)
     exit (1);
   return path;
 }
@@ -531,7 +530,7 @@ image_path (size_t i)
 static int
 qemu_io (const char *path, const char *pass, const char *commands)
 {
-  return unit_run ("qemu-io --object secret,id=s0,data=%s --image-opts "
+  return run_command ("qemu-io --object secret,id=s0,data=%s --image-opts "
                    "driver=qcow2,file.filename=%s,encrypt.key-secret=s0 "
                    "%s >/dev/null 2>&1", pass, path, commands);
 }
@@ -546,7 +545,7 @@ make_qemu_images (void)
   FILE *fp;
   char script[4200];
 
-  snprintf (script, sizeof script, "%s/make.sh", unit_dir);
+  snprintf (script, sizeof script, "%s/make.sh", scratch_dir ());
   fp = fopen (script, "w");
   if (fp == NULL) {
     perror (script);
@@ -583,7 +582,7 @@ make_qemu_images (void)
   }
   fprintf (fp, "wait\n");
   fclose (fp);
-  if (unit_run ("bash -e %s", script) != 0) {
+  if (run_command ("bash -e %s", script) != 0) {
     fprintf (stderr, "making the LUKS images with qemu-img failed\n");
     exit (1);
   }
@@ -643,7 +642,7 @@ check_qemu_image (size_t i)
   const struct qemu_case *q = &qemu_cases[i];
   char *path = image_path (i);
   size_t len;
-  uint8_t *img = unit_read_file (path, &len);
+  uint8_t *img = read_whole_file (path, &len);
   struct qcow2_header qh;
   struct crypto_ext ext;
   struct qcow2_luks_header h;
@@ -699,7 +698,7 @@ check_qemu_image (size_t i)
   expect = malloc (qh.cluster_size);
   for (size_t w = 0; w < sizeof writes / sizeof writes[0]; ++w) {
     uint64_t guest_cluster = writes[w].guest & -(uint64_t) qh.cluster_size;
-    uint64_t host = unit_guest_to_host (img, len, &qh, qh.l1_table_offset,
+    uint64_t host = guest_to_host (img, len, &qh, qh.l1_table_offset,
                                         qh.l1_size, writes[w].guest);
     CHECK (host != 0 && host != guest_cluster);
     if (host == 0 || host + qh.cluster_size > len)
@@ -722,7 +721,7 @@ check_qemu_image (size_t i)
   }
 
   /* The other way: encrypt here, read through qemu. */
-  uint64_t host0 = unit_guest_to_host (img, len, &qh, qh.l1_table_offset,
+  uint64_t host0 = guest_to_host (img, len, &qh, qh.l1_table_offset,
                                        qh.l1_size, 0);
   if (host0) {
     memset (cluster, 0xb7, qh.cluster_size);
@@ -750,7 +749,7 @@ check_our_header_in_qemu (size_t i)
 {
   char *path = image_path (i);
   size_t len;
-  uint8_t *img = unit_read_file (path, &len);
+  uint8_t *img = read_whole_file (path, &len);
   struct qcow2_header qh;
   struct crypto_ext ext;
   struct qcow2_luks_header qemu_h;
@@ -786,8 +785,8 @@ check_our_header_in_qemu (size_t i)
             0);
 
   free (img);
-  img = unit_read_file (path, &len);
-  uint64_t host = unit_guest_to_host (img, len, &qh, qh.l1_table_offset,
+  img = read_whole_file (path, &len);
+  uint64_t host = guest_to_host (img, len, &qh, qh.l1_table_offset,
                                       qh.l1_size, 2 * MiB);
   CHECK (host != 0);
   if (host && host + qh.cluster_size <= len) {
@@ -820,15 +819,15 @@ test_legacy_aes_image (void)
   size_t len;
   struct qcow2_header qh;
 
-  snprintf (path, sizeof path, "%s/aes.qcow2", unit_dir);
-  if (unit_run ("qemu-img create -q -f qcow2 --object secret,id=s0,data=x "
+  snprintf (path, sizeof path, "%s/aes.qcow2", scratch_dir ());
+  if (run_command ("qemu-img create -q -f qcow2 --object secret,id=s0,data=x "
                 "-o encrypt.format=aes,encrypt.key-secret=s0 %s 1M "
                 ">/dev/null 2>&1", path) != 0) {
     fprintf (stderr, "qemu-img cannot make legacy AES images here: "
              "skipping that check\n");
     return;
   }
-  uint8_t *img = unit_read_file (path, &len);
+  uint8_t *img = read_whole_file (path, &len);
   CHECK_EQ (qcow2_header_parse (img, len, len, &qh, err, sizeof err), 0);
   CHECK_EQ (qh.crypt_method, 1);
   qcow2_crypt_method_refusal (qh.crypt_method, msg, sizeof msg);
@@ -847,12 +846,12 @@ main (void)
   test_hostile_headers ();
   test_crypt_method_refusal ();
 
-  if (!unit_have ("qemu-img") || !unit_have ("qemu-io")) {
+  if (!have_command ("qemu-img") || !have_command ("qemu-io")) {
     unit_finish ();
     UNIT_SKIP ("qemu-img or qemu-io not found: the checks against qemu "
                "did not run");
   }
-  unit_dir_make ();
+  scratch_dir_make ();
   make_qemu_images ();
   for (size_t i = 0; i < NQEMU; ++i) {
     unsigned long before = atomic_load (&unit_failures);

@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -18,11 +19,9 @@
 #include "qcow2-endian.h"
 #include "qcow2-header.h"
 #include "qcow2-snapshot.h"
+#include "oracle.h"
 #include "unit.h"
-#include "unit-image.h"
-
-#define KiB 1024
-#define MiB (1024 * 1024)
+#include "util.h"
 
 static struct qcow2_snapshot_image
 image_of (const struct qcow2_header *h)
@@ -71,7 +70,7 @@ static int
 byte_in_snapshot (const uint8_t *img, size_t len, const struct qcow2_header *h,
                   const struct qcow2_snapshot *sn, uint64_t guest)
 {
-  uint64_t host = unit_guest_to_host (img, len, h, sn->l1_table_offset,
+  uint64_t host = guest_to_host (img, len, h, sn->l1_table_offset,
                                       sn->l1_size, guest);
   return host && host < len ? img[host + (guest & (h->cluster_size - 1))]
                             : -1;
@@ -84,9 +83,9 @@ static char img_path[4200];
 static void
 make_image (void)
 {
-  snprintf (img_path, sizeof img_path, "%s/snap.qcow2", unit_dir);
+  snprintf (img_path, sizeof img_path, "%s/snap.qcow2", scratch_dir ());
 #define QIO(cmd) "qemu-io -f qcow2 -c '" cmd "' %1$s >/dev/null && "
-  if (unit_run ("qemu-img create -q -f qcow2 %1$s 1M && "
+  if (run_command ("qemu-img create -q -f qcow2 %1$s 1M && "
                 QIO ("write -P 0x11 0 64k")
                 "qemu-img snapshot -c 2 %1$s && "
                 QIO ("write -P 0x22 0 64k")
@@ -117,7 +116,7 @@ test_qemu_table (void)
   time_t before = time (NULL);
 
   make_image ();
-  img = unit_read_file (img_path, &len);
+  img = read_whole_file (img_path, &len);
   CHECK_EQ (qcow2_header_parse (img, len, len, &h, err, sizeof err), 0);
   CHECK_EQ (h.nb_snapshots, 3);
   im = image_of (&h);
@@ -160,7 +159,7 @@ test_qemu_table (void)
               want[i].at1536k);
     UNIT_NOTE_IF_FAILED (failures, "snapshot %u", i);
   }
-  CHECK_EQ (unit_guest_to_host (img, len, &h, h.l1_table_offset, h.l1_size,
+  CHECK_EQ (guest_to_host (img, len, &h, h.l1_table_offset, h.l1_size,
                                 0) != 0, 1);
 
   char line[512];
@@ -182,8 +181,8 @@ test_qemu_table (void)
     const struct qcow2_snapshot *sn =
       qcow2_snapshot_select (t, selectors[k], err, sizeof err);
     char out[4300];
-    snprintf (out, sizeof out, "%s/out.raw", unit_dir);
-    int qemu = unit_run ("rm -f %s; qemu-img convert -l \"%s\" -O raw %s %s "
+    snprintf (out, sizeof out, "%s/out.raw", scratch_dir ());
+    int qemu = run_command ("rm -f %s; qemu-img convert -l \"%s\" -O raw %s %s "
                          "2>/dev/null", out, selectors[k], img_path, out);
     if (sn == NULL) {
       CHECK (qemu != 0);
@@ -196,7 +195,7 @@ test_qemu_table (void)
       CHECK_EQ (qemu, 0);
       if (qemu != 0)
         continue;
-      raw = unit_read_file (out, &out_len);
+      raw = read_whole_file (out, &out_len);
       /* qemu serves a snapshot with the active image's size. */
       CHECK_EQ (out_len, 2 * MiB);
       CHECK_EQ (raw[0], byte_in_snapshot (img, len, &h, sn, 0));
@@ -217,8 +216,8 @@ test_qemu_many (void)
   size_t len;
   int rounds;
 
-  snprintf (path, sizeof path, "%s/many.qcow2", unit_dir);
-  if (unit_run ("qemu-img create -q -f qcow2 -o compat=0.10,cluster_size=4k "
+  snprintf (path, sizeof path, "%s/many.qcow2", scratch_dir ());
+  if (run_command ("qemu-img create -q -f qcow2 -o compat=0.10,cluster_size=4k "
                 "%1$s 64k && for i in $(seq 1 40); do "
                 "qemu-io -f qcow2 -c \"write -P $i 0 4k\" %1$s >/dev/null && "
                 "qemu-img snapshot -c \"snapshot-$i-$(printf '%%0200d' $i)\" "
@@ -226,7 +225,7 @@ test_qemu_many (void)
     fprintf (stderr, "making the image with qemu-img failed\n");
     exit (1);
   }
-  uint8_t *img = unit_read_file (path, &len);
+  uint8_t *img = read_whole_file (path, &len);
   struct qcow2_header h;
   CHECK_EQ (qcow2_header_parse (img, len, len, &h, err, sizeof err), 0);
   CHECK_EQ (h.version, 2);
@@ -509,12 +508,12 @@ main (void)
 {
   test_hostile_tables ();
   test_table_too_big ();
-  if (!unit_have ("qemu-img") || !unit_have ("qemu-io")) {
+  if (!have_command ("qemu-img") || !have_command ("qemu-io")) {
     unit_finish ();
     UNIT_SKIP ("qemu-img or qemu-io not found: the checks against qemu "
                "did not run");
   }
-  unit_dir_make ();
+  scratch_dir_make ();
   test_qemu_table ();
   test_qemu_many ();
   return unit_finish ();

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Writing: refcount table growth, a full container (ENOSPC with the
-# message, image still valid), refusals at open (snapshots, corrupt and
-# dirty bits) with nbdkit -r still serving those images, autoclear bits
-# cleared, and v2 images.
+# message, image still valid), refusals at open (corrupt and dirty bits)
+# with nbdkit -r still serving those images, a snapshot served read-only
+# without -r, autoclear bits cleared, and v2 images.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-io nbdcopy nbdinfo
 requires_nbd_python
@@ -134,9 +134,17 @@ refuse ()
     echo "$what: writing refused naming $field; nbdkit -r serves it"
 }
 
+# Images with internal snapshots are written (test-snapshot.sh); a
+# snapshot itself is served read-only even without -r.
 qemu-img convert -O qcow2 small.raw snap.qcow2
 qemu-img snapshot -c snap1 snap.qcow2
-refuse snap.qcow2 nb_snapshots "internal snapshot"
+before=$(md5sum < snap.qcow2)
+start_server "$PWD/sock" file snap.qcow2 qcow2-snapshot=snap1
+nbdinfo "$(nbd_uri "$PWD/sock")" > info.out || fail "snapshot: nbdinfo failed"
+grep -q "is_read_only: true" info.out || { cat info.out; fail "snapshot: served writable"; }
+stop_server
+[ "$(md5sum < snap.qcow2)" = "$before" ] || fail "snapshot: the image was modified"
+echo "qcow2-snapshot without -r: served read-only, image unchanged"
 
 set_incompat_bit ()
 {

@@ -14,17 +14,7 @@ cd "$TMPDIR_TEST"
 
 # Source disk: random, text and zero regions; a size that is not a
 # multiple of any cluster size.
-$PYTHON - <<'EOF'
-import random
-rng = random.Random(3)
-size = 6 * 1024 * 1024 + 3 * 512
-out = bytearray()
-while len(out) < size:
-    k = rng.randrange(3)
-    n = rng.randrange(1, 300000)
-    out += rng.randbytes(n) if k == 0 else (b"lorem ipsum qcow2 " * (n // 18 + 1))[:n] if k == 1 else bytes(n)
-open("base.raw", "wb").write(out[:size])
-EOF
+mixed_disk base.raw $((6 * 1024 * 1024 + 3 * 512)) 3
 
 seed=1
 for cs in 512 4096 65536 2097152; do

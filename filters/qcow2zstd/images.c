@@ -135,11 +135,47 @@ was_created (const char *exportname)
   return false;
 }
 
+/* Whether the plugin serves the file open on FD (of SIZE bytes): the
+ * same size, or the same first bytes.  The size alone is not enough:
+ * another process writing the image may grow it between the two
+ * looks, and that writer is just who the lock must find.  Different
+ * first bytes with a different size mean a filter between us and the
+ * file (a partition, a decompressor) serves something else.
+ */
+static bool
+serves_file (nbdkit_next *next, int fd, uint64_t size, const char *path,
+             const char *exportname)
+{
+  char served_head[4096], file_head[4096];
+  int64_t served = next->get_size (next);
+  size_t n;
+  int err = 0;
+
+  if (served < 0)
+    return false;
+  if ((uint64_t) served == size)
+    return true;
+  n = sizeof served_head;
+  if ((uint64_t) served < n)
+    n = served;
+  if (size < n)
+    n = size;
+  if (n >= 4 &&
+      next->pread (next, served_head, n, 0, 0, &err) == 0 &&
+      pread (fd, file_head, n, 0) == (ssize_t) n &&
+      memcmp (served_head, file_head, n) == 0)
+    return true;
+  nbdkit_debug ("qcow2zstd: export '%s': the plugin serves %" PRId64
+                " bytes, not the %" PRIu64 " of %s, and they begin "
+                "differently: it is not that file, and the image is not "
+                "locked", exportname, served, size, path);
+  return false;
+}
+
 /* Lock the file under the export, when the plugin serves a local file
  * the filter knows of, with a descriptor of the filter's own: the
- * plugin's is out of reach.  It is the served file if its size is what
- * the plugin serves.  Sets *LOCK_FD to that descriptor, or -1 when
- * nothing could be locked.
+ * plugin's is out of reach.  Sets *LOCK_FD to that descriptor, or -1
+ * when nothing could be locked.
  */
 static int
 lock_image (nbdkit_next *next, const char *exportname, bool writable,
@@ -148,7 +184,6 @@ lock_image (nbdkit_next *next, const char *exportname, bool writable,
   char *path;
   char err[1024];
   uint64_t size;
-  int64_t served;
   int fd, r;
 
   *lock_fd = -1;
@@ -168,12 +203,7 @@ lock_image (nbdkit_next *next, const char *exportname, bool writable,
     free (path);
     return 0;
   }
-  served = next->get_size (next);
-  if (served < 0 || (uint64_t) served != size) {
-    nbdkit_debug ("qcow2zstd: export '%s': the plugin serves %" PRId64
-                  " bytes, not the %" PRIu64 " of %s: it is not that file, "
-                  "and the image is not locked", exportname, served, size,
-                  path);
+  if (!serves_file (next, fd, size, path, exportname)) {
     close (fd);
     free (path);
     return 0;
@@ -246,6 +276,10 @@ images_acquire (nbdkit_next *next, const char *exportname, bool writable)
 {
   struct shared_image *s;
 
+  /* A snapshot is served read-only (and locked for reading), so the
+   * export is too.
+   */
+  writable = writable && engine_options.snapshot == NULL;
   pthread_mutex_lock (&images_lock);
   for (s = images; s; s = s->next)
     if (strcmp (s->exportname, exportname) == 0)

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -77,31 +78,72 @@ qcow2zstd_config (const char *key, const char *value)
   return -1;
 }
 
-/* A compression level against the image's own type, read from its
- * header.  A header that does not parse is left for the open to report,
- * as it reports it for the filter.
+/* The image's header, when it parses (a header that does not is left
+ * for the open to report, as it reports it for the filter).
  */
-static int
-check_level_for_image (void)
+static bool
+read_header (struct qcow2_header *h)
 {
   size_t len = UINT64_C (1) << QCOW2_MAX_CLUSTER_BITS;
-  struct qcow2_header h;
   char err[256];
   uint8_t *buf;
   struct stat st;
   ssize_t n;
-  int fd, r = 0;
+  bool ok = false;
+  int fd;
 
   fd = open (filename, O_RDONLY | O_CLOEXEC);
   if (fd == -1)
-    return 0;
+    return false;
   buf = malloc (len);
   if (buf && fstat (fd, &st) == 0 && (n = pread (fd, buf, len, 0)) > 0 &&
-      qcow2_header_parse (buf, n, st.st_size, &h, err, sizeof err) == 0)
-    r = params_check_level (h.compression_type);
+      qcow2_header_parse (buf, n, st.st_size, h, err, sizeof err) == 0)
+    ok = true;
   free (buf);
   close (fd);
-  return r;
+  return ok;
+}
+
+static void
+keep_message (void *opaque, const char *msg)
+{
+  snprintf (opaque, 1024, "%s", msg);
+}
+
+/* An encrypted image's passphrase and the snapshot to serve, tried at
+ * start-up by opening the image read-only, which writes nothing and
+ * leaves the unlocked key in the key cache for the first connection: a
+ * wrong or missing passphrase, or a snapshot the image does not have,
+ * stops nbdkit here instead of refusing every client.  Whatever else
+ * the open finds is left for the connections to report.
+ */
+static int
+check_secrets (const struct qcow2_header *h)
+{
+  struct qcow2_options opts = engine_options;
+  char msg[1024] = "";
+  struct qcow2_log log = { .opaque = msg, .error = keep_message };
+  struct qcow2_io io;
+  struct qcow2_image *img;
+  int r;
+
+  if (h->crypt_method != 2 && engine_options.snapshot == NULL)
+    return 0;
+  if (qcow2_fileio_open (filename, false, &io) < 0)
+    return 0;
+  opts.writable = false;
+  opts.compress = false;
+  opts.threads = 0;
+  r = qcow2_image_open (&io, &log, &opts, &img);
+  if (r == 0)
+    qcow2_image_close (img);
+  qcow2_fileio_close (&io);
+  if (r == -EPERM ||
+      (r == -ENOENT && strncmp (msg, "qcow2-snapshot:", 15) == 0)) {
+    nbdkit_error ("qcow2zstd: %s: %s", filename, msg);
+    return -1;
+  }
+  return 0;
 }
 
 /* The image file, checked at start-up: found when the first client
@@ -113,7 +155,9 @@ static int
 check_file (void)
 {
   struct stat st;
+  struct qcow2_header h;
   char err[1024];
+  bool writes;
   int r;
 
   if (stat (filename, &st) == -1) {
@@ -143,17 +187,21 @@ check_file (void)
     nbdkit_error ("qcow2zstd: %s: %m", filename);
     return -1;
   }
-  if (params_readonly == 0 && access (filename, W_OK) == -1) {
+  /* A snapshot is served read-only: its file needs no write access. */
+  writes = params_readonly == 0 && engine_options.snapshot == NULL;
+  if (writes && access (filename, W_OK) == -1) {
     nbdkit_error ("qcow2zstd: %s: %m (serve it read-only with -r)",
                   filename);
     return -1;
   }
-  if (!create_requested && engine_options.compress &&
-      check_level_for_image () == -1)
+  if (!create_requested && read_header (&h) &&
+      ((engine_options.compress &&
+        params_check_level (h.compression_type) == -1) ||
+       check_secrets (&h) == -1))
     return -1;
   if (engine_options.locking != QCOW2_LOCK_OFF) {
     r = qcow2_lock_probe (filename,
-                          qcow2_lock_perms_for (params_readonly == 0,
+                          qcow2_lock_perms_for (writes,
                                                 engine_options.locking),
                           err, sizeof err);
     if (r < 0) {
@@ -194,6 +242,8 @@ open_image (int readonly)
   struct qcow2_options opts = engine_options;
   int r, fd;
 
+  /* A snapshot is served read-only, and its file may be read-only. */
+  readonly |= opts.snapshot != NULL;
   opts.writable = !readonly;
   if (create_requested && !created && !readonly) {
     /* qcow2-create makes the file if it is not there. */

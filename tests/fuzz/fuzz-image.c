@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: open an arbitrary image held in memory and read and map
- * requests over it.  The first 32 bytes choose the requests and options;
- * the rest is the image file.
+ * requests over it (its active disk, or its snapshot 1).  The first 32
+ * bytes choose the requests and options; the rest is the image file.
  */
 #include <config.h>
 
@@ -46,6 +46,11 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   opts.request_size = (uint64_t) 4096 << (params[1] % 6);
   opts.l2_cache_size = (params[2] & 1) ? (uint64_t) 1 << 20 : 0;
   opts.cluster_cache_size = (params[2] & 2) ? (uint64_t) 1 << 20 : 0;
+  /* An encrypted image unlocks with "fuzz", as fuzz-luks's seeds do; bit
+   * 0 of the fourth byte serves snapshot 1 instead of the active disk.
+   */
+  opts.passphrase = "fuzz";
+  opts.snapshot = (params[3] & 1) ? "1" : NULL;
 
   if (qcow2_image_open (&file.io, NULL, &opts, &img) < 0)
     goto out;

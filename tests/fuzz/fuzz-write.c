@@ -135,6 +135,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   /* Discarded bytes read as garbage: reading them back would show. */
   opts.discard = data[1] & 2 ? QCOW2_DISCARD_UNMAP : QCOW2_DISCARD_IGNORE;
   opts.detect_zeroes = (data[1] >> 2) % 3;
+  opts.passphrase = "fuzz";           /* for an encrypted image */
 
   if (qcow2_image_open (io, &log, &opts, &img) < 0)
     goto out;

@@ -131,5 +131,29 @@ PY
   done
 done
 
+# Image and write targets: images with internal snapshots (fuzz-image
+# serves snapshot "1" when bit 0 of its fourth byte is set), so that reads
+# of a snapshot and writes that copy shared clusters and L2 tables are
+# reached.
+for cs in 512 4096; do
+  img=$work/snap.qcow2
+  qemu-img create -q -f qcow2 -o cluster_size=$cs "$img" 40k
+  qemu-io -f qcow2 -c "write -P 0x61 0 $((3 * cs))" -c "write -P 0x62 $((6 * cs)) $cs" \
+    "$img" >/dev/null
+  qemu-img snapshot -c one "$img"
+  qemu-io -f qcow2 -c "write -P 0x63 $cs $cs" "$img" >/dev/null
+  qemu-img snapshot -c two "$img"
+  qemu-io -f qcow2 -c "write -P 0x64 $((2 * cs)) 100" "$img" >/dev/null
+  printf '\x01\x02\x03\x01\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00' > corpus-image/snap-$cs
+  cat "$img" >> corpus-image/snap-$cs
+  python3 -c 'import sys
+ops = [(0, 0x41, 100, 3000), (1, 0, 512, 5000), (0, 0x42, 0, 9000),
+       (2, 0, 4096, 8192), (3, 0, 0, 0), (0, 0x43, 7000, 20000),
+       (4, 0, 0, 40000), (1, 2, 300, 100)]
+out = b"".join(bytes([k, f]) + o.to_bytes(4, "big") + l.to_bytes(4, "big")[2:] for k, f, o, l in ops)
+sys.stdout.buffer.write(out)' > corpus-write/snap-$cs
+  cat "$img" >> corpus-write/snap-$cs
+done
+
 ls corpus-* | wc -l
 du -sh corpus-*

@@ -358,3 +358,63 @@ file_matches_model (const uint8_t *file, uint64_t size, const uint8_t *model,
   session_close (&s);
   return ok;
 }
+
+/* ------------------------------------------------------ random changes */
+
+/* A random range of the disk [OFF, OFF+LEN), LO <= OFF < HI. */
+static void
+random_range (uint64_t *seed, uint64_t lo, uint64_t hi, uint64_t max_len,
+              uint64_t *off, uint64_t *len)
+{
+  *off = lo + rng (seed) % (hi - lo);
+  /* Sector-aligned half of the time: the pool's runs; else anything. */
+  if (rng (seed) & 1)
+    *off &= ~UINT64_C (511);
+  if (*off < lo)
+    *off = lo;
+  *len = 1 + rng (seed) % max_len;
+  if (*len > hi - *off)
+    *len = hi - *off;
+}
+
+void
+random_changes (struct session *s, uint8_t *model, uint64_t lo, uint64_t hi,
+                uint32_t cluster_size, uint64_t seed, unsigned nops,
+                const char *ctx)
+{
+  uint8_t *buf = xmalloc (512 * KiB);
+
+  for (unsigned i = 0; i < nops; ++i) {
+    uint64_t off, len, k = rng (&seed) % 10;
+    random_range (&seed, lo, hi, k < 2 ? 512 * KiB : 3 * cluster_size + 700,
+                  &off, &len);
+    if (k < 6) {
+      for (uint64_t j = 0; j < len; j += 8) {
+        uint64_t v = rng (&seed);
+        memcpy (buf + j, &v, len - j < 8 ? len - j : 8);
+      }
+      CHECK_EQ (do_write (s, buf, len, off, k == 5), 0);
+      memcpy (model + off, buf, len);
+    }
+    else if (k == 6) {
+      CHECK_EQ (do_zero (s, len, off, false, false), 0);
+      memset (model + off, 0, len);
+    }
+    else if (k == 7) {
+      /* Whole clusters inside the range read as zeros afterwards. */
+      uint64_t first = (off + cluster_size - 1) / cluster_size * cluster_size;
+      uint64_t last = (off + len) / cluster_size * cluster_size;
+      CHECK_EQ (do_trim (s, len, off, false), 0);
+      /* A partial last cluster is whole once the range reaches the end. */
+      if (off + len == qcow2_image_header (s->img)->virtual_size)
+        last = off + len;
+      if (last > first)
+        memset (model + first, 0, last - first);
+    }
+    else if (k == 8)
+      CHECK_EQ (do_flush (s), 0);
+    else
+      matches_model (s, model, off, len, ctx);
+  }
+  free (buf);
+}

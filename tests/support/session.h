@@ -101,6 +101,16 @@ int do_zero (struct session *s, uint64_t count, uint64_t offset, bool fast,
 int do_trim (struct session *s, uint64_t count, uint64_t offset, bool fua);
 int do_flush (struct session *s);
 
+/* NOPS random writes (random data, a FUA now and then), zeroes, trims,
+ * flushes and reads inside [LO, HI) of S's disk, with CLUSTER_SIZE its
+ * cluster size and MODEL the whole guest disk, which follows the changes
+ * (a trim zeroes the whole clusters it covers).  Every read is compared
+ * with the model; every call must succeed.  SEED picks the sequence.
+ */
+void random_changes (struct session *s, uint8_t *model, uint64_t lo,
+                     uint64_t hi, uint32_t cluster_size, uint64_t seed,
+                     unsigned nops, const char *ctx);
+
 /* Check the image FILE (SIZE bytes) with check_image, counting a failed
  * check and saying why under CTX.
  */

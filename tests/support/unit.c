@@ -2,6 +2,8 @@
 /* qcow2zstd unit tests: the check counters. */
 #include <config.h>
 
+#include <string.h>
+
 #include "unit.h"
 
 atomic_ulong unit_checks;
@@ -23,4 +25,14 @@ unit_finish (void)
 
   fprintf (stderr, "%lu checks, %lu failed\n", checks, failures);
   return failures ? 1 : 0;
+}
+
+bool
+unit_says (const char *message, const char *part)
+{
+  bool found = strstr (message, part) != NULL;
+
+  if (!found)
+    fprintf (stderr, "  message \"%s\" lacks \"%s\"\n", message, part);
+  return found;
 }

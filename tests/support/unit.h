@@ -14,6 +14,7 @@
 
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -75,5 +76,9 @@ int unit_finish (void);
  * threads, while the full rounds run in the other builds).
  */
 unsigned unit_rounds (unsigned full);
+/* Does MESSAGE contain PART?  If not, says so on stderr, for the CHECK
+ * that fails next: CHECK (unit_says (err, "wrong passphrase")).
+ */
+bool unit_says (const char *message, const char *part);
 
 #endif /* QCOW2ZSTD_UNIT_H */

@@ -189,6 +189,60 @@ check_l2 (struct checker *k, uint64_t l2_offset, unsigned version)
   }
 }
 
+/* The LUKS area the full disk encryption header extension names. */
+static void
+luks_area (struct checker *k, unsigned version)
+{
+  uint64_t pos = version >= 3 ? get32 (k->file + 100) : 72;
+  uint64_t end = k->cs < k->size ? k->cs : k->size;
+
+  while (pos + 8 <= end) {
+    uint32_t type = get32 (k->file + pos), len = get32 (k->file + pos + 4);
+
+    if (type == 0 || len > end - pos - 8)
+      return;
+    if (type == 0x0537be77 && len == 16) {
+      table (k, get64 (k->file + pos + 8), get64 (k->file + pos + 16),
+             WRITE_LUKS, "LUKS area");
+      return;
+    }
+    pos += 8 + ((len + 7) & ~7u);
+  }
+}
+
+/* The snapshot table and what each snapshot's L1 table reaches. */
+static void
+snapshots (struct checker *k, unsigned version)
+{
+  uint32_t nb = get32 (k->file + 60);
+  uint64_t start = get64 (k->file + 64), pos = start;
+
+  for (uint32_t i = 0; i < nb; ++i) {
+    const uint8_t *e = k->file + pos;
+    uint64_t l1_offset;
+    uint32_t l1_size;
+
+    if (pos + 40 > k->size) {
+      problem (k, &k->r->broken, "snapshot %u lies past the end", i);
+      return;
+    }
+    l1_offset = get64 (e);
+    l1_size = get32 (e + 8);
+    pos += 40 + get32 (e + 36) + (e[12] << 8 | e[13]) + (e[14] << 8 | e[15]);
+    pos = (pos + 7) & ~UINT64_C (7);
+    if (!table (k, l1_offset, (uint64_t) l1_size * 8, WRITE_L1,
+                "snapshot L1 table"))
+      continue;
+    for (uint32_t j = 0; j < l1_size; ++j) {
+      uint64_t l2 = get64 (k->file + l1_offset + 8 * j) & OFFSET_MASK;
+      if (l2 && table (k, l2, k->cs, WRITE_L2, "snapshot L2 table"))
+        check_l2 (k, l2, version);
+    }
+  }
+  if (nb)
+    table (k, start, pos - start, WRITE_SNAPSHOT_TABLE, "snapshot table");
+}
+
 /* Every COPIED flag against the refcount it promises (1), and no plain
  * cluster with refcount 1 without it (qemu-img check reports both).
  */
@@ -276,6 +330,8 @@ check_image (const uint8_t *file, uint64_t size, bool exact,
     if (table (&k, l2, k.cs, WRITE_L2, "L2 table"))
       check_l2 (&k, l2, version);
   }
+  luks_area (&k, version);
+  snapshots (&k, version);
 
   for (uint64_t c = 0; c < r->host_clusters; ++c) {
     if (r->refcount[c] < r->refs[c])

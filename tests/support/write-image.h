@@ -7,8 +7,12 @@
  * tests need not trust the engine's own qcow2_create.  check_image reads
  * an image from its bytes alone, without the engine: it counts the
  * references to every host cluster from the header, the refcount table
- * and blocks, the L1 and L2 tables and the data they point at, and
- * compares them with the refcounts stored.
+ * and blocks, the L1 and L2 tables and the data they point at, the LUKS
+ * area of an encrypted image, the snapshot table and every snapshot's L1
+ * table with its L2 tables and data (a table shared by several L1 tables
+ * counts once for each, and so do the clusters it maps, as qemu-img check
+ * counts them), and compares them with the refcounts stored.  COPIED is
+ * checked in the active tables only.
  */
 #ifndef QCOW2ZSTD_TEST_WRITE_IMAGE_H
 #define QCOW2ZSTD_TEST_WRITE_IMAGE_H
@@ -41,8 +45,10 @@ enum write_kind {
   WRITE_HEADER,                 /* the header (cluster 0) */
   WRITE_REFCOUNT_TABLE,
   WRITE_REFCOUNT_BLOCK,
-  WRITE_L1,
+  WRITE_L1,                     /* the active one or a snapshot's */
   WRITE_L2,
+  WRITE_LUKS,                   /* the LUKS header and key material */
+  WRITE_SNAPSHOT_TABLE,
 };
 /* What check_image found. */
 struct image_report {
