@@ -27,7 +27,13 @@ copy_in ()
     local img=$1 src=$2 what=$3
     shift 3
     start_server "$PWD/sock" file "$img" "$@"
-    nbdcopy "$src" "$(nbd_uri "$PWD/sock")" || { cat "$PWD/sock.log"; fail "$what: nbdcopy"; }
+    # One cluster per request, one request at a time: each cluster then
+    # finds every copy placed before it.  (Clusters compressed together,
+    # in one request or in requests in flight at once, do not wait for
+    # each other's copies: each may make its own, counted correctly, so
+    # the counts below would depend on timing.)
+    nbdcopy --connections=1 --requests=1 --request-size=65536 \
+        "$src" "$(nbd_uri "$PWD/sock")" || { cat "$PWD/sock.log"; fail "$what: nbdcopy"; }
     stop_server
 }
 
