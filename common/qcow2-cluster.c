@@ -343,7 +343,7 @@ look_up (struct qcow2_image *img, struct qcow2_io *io,
     uint64_t part_off, len;
     bool whole = cluster_part (img, gc0 + i, offset, end, &part_off, &len);
 
-    bool alone;
+    bool alone = false;
 
     r = qcow2_classify (img, gc0 + i, ws->entries[i], &pc->old);
     if (r == 0)
