@@ -73,13 +73,23 @@ resolve_path (struct qcow2_image *img, const char *name, char **path)
   return 0;
 }
 
+/* How many of the LEN bytes at OFFSET of the backing disk lie inside it:
+ * a backing file smaller than the image reads as zeros past its end.
+ */
+static uint64_t
+inside (const struct backing *b, uint64_t offset, uint64_t len)
+{
+  uint64_t avail = offset < b->size ? b->size - offset : 0;
+
+  return len < avail ? len : avail;
+}
+
 static int
 backing_read (struct qcow2_image *img, void *buf, uint64_t len,
               uint64_t offset)
 {
   struct backing *b = img->backing;
-  uint64_t avail = offset < b->size ? b->size - offset : 0;
-  uint64_t n = len < avail ? len : avail;
+  uint64_t n = inside (b, offset, len);
   int r = 0;
 
   if (n > 0) {
@@ -137,8 +147,7 @@ backing_extents (struct qcow2_image *img, uint64_t offset, uint64_t len,
                  qcow2_extent_fn fn, void *opaque)
 {
   struct backing *b = img->backing;
-  uint64_t avail = offset < b->size ? b->size - offset : 0;
-  uint64_t n = len < avail ? len : avail;
+  uint64_t n = inside (b, offset, len);
   int r = 0;
 
   if (n > 0) {

@@ -131,9 +131,7 @@ report_entries (struct report *rep, struct qcow2_io *io, struct request *req,
     uint64_t hi = end < cend ? end : cend;
     struct cluster_map map;
 
-    r = qcow2_classify (img, first + i, entries[i], &map);
-    if (r == 0 && img->header.extended_l2)
-      r = qcow2_check_bitmap (img, first + i, &map, bitmaps[i]);
+    r = qcow2_classify_fetched (img, first, i, entries, bitmaps, &map);
     if (r < 0)
       break;
     if (img->header.extended_l2 && map.kind != CLUSTER_COMPRESSED) {

@@ -125,9 +125,9 @@ qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
   return 0;
 }
 
-int
-qcow2_check_bitmap (struct qcow2_image *img, uint64_t guest_cluster,
-                    const struct cluster_map *map, uint64_t bitmap)
+static int
+check_bitmap (struct qcow2_image *img, uint64_t guest_cluster,
+              const struct cluster_map *map, uint64_t bitmap)
 {
   uint64_t guest = guest_cluster << img->header.cluster_bits;
   uint32_t alloc = bitmap, zero = bitmap >> 32;
@@ -151,6 +151,18 @@ qcow2_check_bitmap (struct qcow2_image *img, uint64_t guest_cluster,
     return -EIO;
   }
   return 0;
+}
+
+int
+qcow2_classify_fetched (struct qcow2_image *img, uint64_t first, size_t i,
+                        const uint64_t *entries, const uint64_t *bitmaps,
+                        struct cluster_map *map)
+{
+  int r = qcow2_classify (img, first + i, entries[i], map);
+
+  if (r == 0 && img->header.extended_l2)
+    r = check_bitmap (img, first + i, map, bitmaps[i]);
+  return r;
 }
 
 int

@@ -7,7 +7,7 @@
  * bad one is an error naming the guest offset, never a read elsewhere.
  *
  * Offers: qcow2_l1_load, qcow2_l1_unallocated, qcow2_l2_entries,
- * qcow2_classify, qcow2_check_bitmap, qcow2_compressed_span.
+ * qcow2_classify, qcow2_classify_fetched, qcow2_compressed_span.
  * Locks: the caller holds the image lock (shared is enough) around
  * qcow2_l2_entries, so that no writer changes a table meanwhile.
  * Needs: host I/O, the L2 cache.
@@ -53,12 +53,15 @@ int qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
 int qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
                     uint64_t entry, struct cluster_map *map);
 
-/* With extended L2: is BITMAP valid for the cluster MAP describes?
- * (Compressed: empty; no subcluster both allocated and zero; none
- * allocated without a host offset.)  0, or -EIO after logging.
+/* qcow2_classify for entry I of what qcow2_l2_entries gave for the
+ * clusters from FIRST (ENTRIES, BITMAPS), and with extended L2 the check
+ * of its bitmap against *MAP: a compressed cluster's is empty, no
+ * subcluster is both allocated and zero, none is allocated without a
+ * host offset.  0, or -EIO after logging.
  */
-int qcow2_check_bitmap (struct qcow2_image *img, uint64_t guest_cluster,
-                        const struct cluster_map *map, uint64_t bitmap);
+int qcow2_classify_fetched (struct qcow2_image *img, uint64_t first,
+                            size_t i, const uint64_t *entries,
+                            const uint64_t *bitmaps, struct cluster_map *map);
 
 /* The host bytes compressed MAP is counted in: qemu counts a compressed
  * cluster once in every host cluster its sector-rounded range touches,

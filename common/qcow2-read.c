@@ -208,9 +208,7 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
       uint8_t *dst = buf ? buf + (lo - offset) : NULL;
       struct cluster_map map;
 
-      r = qcow2_classify (img, first + i, entries[i], &map);
-      if (r == 0 && img->header.extended_l2)
-        r = qcow2_check_bitmap (img, first + i, &map, bitmaps[i]);
+      r = qcow2_classify_fetched (img, first, i, entries, bitmaps, &map);
       if (r < 0)
         break;
       kinds[map.kind]++;
