@@ -89,3 +89,40 @@ nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "an extended L2 image 
 grep -q "can be read but not written" "$PWD/sock.log" || fail "no message refusing writes"
 stop_server
 echo "extended L2 images: writing refused with a clear message"
+
+# Bad subcluster bitmaps are refused on read, naming what is wrong, and
+# nothing is written: subcluster 0 of cluster 0 both allocated and zero,
+# and an allocated subcluster in cluster 40, which has no host cluster
+# (qemu calls both corrupt too).
+set_bitmap ()
+{
+    python3 - "$1" "$2" "$3" "$4" <<'PY'
+import struct, sys
+path, index, entry, bitmap = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4], 0)
+with open(path, "r+b") as f:
+    f.seek(40)
+    l1 = struct.unpack(">Q", f.read(8))[0]
+    f.seek(l1)
+    l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+    f.seek(l2 + 16 * index)
+    old = struct.unpack(">Q", f.read(8))[0]
+    f.seek(l2 + 16 * index)
+    f.write(struct.pack(">QQ", old if entry == "keep" else int(entry, 0), bitmap))
+PY
+}
+for bad in "0 keep 0x100000001 subclusters both allocated and zero" \
+           "40 0 0x1 allocated subclusters in a cluster without a host offset"; do
+    read -r index entry bitmap message <<<"$bad"
+    cp ext-65536-none.qcow2 bad.qcow2
+    set_bitmap bad.qcow2 "$index" "$entry" "$bitmap"
+    sum=$(sha256sum < bad.qcow2)
+    start_server "$PWD/sock" file -r bad.qcow2
+    nbdcopy "$(nbd_uri "$PWD/sock")" out.raw 2> copy.err &&
+        fail "bad bitmap ($message): the read succeeded"
+    stop_server
+    grep -q "$message" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "no '$message' in the log"; }
+    [ "$(sha256sum < bad.qcow2)" = "$sum" ] || fail "bad bitmap ($message): the image changed"
+    qemu-img convert -O raw bad.qcow2 qemu.raw 2> /dev/null &&
+        fail "bad bitmap ($message): qemu read the image"
+    echo "bad bitmap: $(grep -o "L2 entry for guest offset.*" "$PWD/sock.log" | head -1); the image unchanged"
+done
