@@ -530,6 +530,16 @@ nbd_uri ()
     echo "nbd+unix:///?socket=$1"
 }
 
+# requires_nbdsh: set NBDSH to the command that runs libnbd's nbdsh
+# (python3 -m nbd, with the python3 this file put first in PATH), or skip
+# the test when that python3 lacks the nbd module.
+requires_nbdsh ()
+{
+    nbdsh -c pass > /dev/null 2>&1 ||
+        skip "nbdsh cannot import the nbd python module (python3-libnbd)"
+    NBDSH=(nbdsh)
+}
+
 # requires_nbd_python: set PYTHON to a python3 with libnbd's nbd module
 # (Debian's python3-libnbd serves the system python; one earlier in PATH
 # may lack it), or skip the test.  $PYTHON is the timed python3 above.

@@ -28,22 +28,7 @@ source "${top_srcdir:-.}/tests/functions.sh"
 
 requires qemu-io qemu-nbd nbdinfo nbdsh awk diff dd truncate
 
-# nbdsh runs "python3 -m nbd": the python3 first on PATH may not be the
-# one the libnbd bindings are installed for (e.g. a pyenv shim).
-NBDSH=()
-if nbdsh -c pass >/dev/null 2>&1; then
-    NBDSH=(nbdsh)
-else
-    for py in /usr/bin/python3 /usr/local/bin/python3; do
-        if [ -x "$py" ] && "$py" -c 'import nbd' >/dev/null 2>&1; then
-            NBDSH=(env "PATH=$(dirname "$py"):$PATH" nbdsh)
-            break
-        fi
-    done
-fi
-if [ ${#NBDSH[@]} -eq 0 ]; then
-    skip "nbdsh cannot import the nbd python module"
-fi
+requires_nbdsh
 
 W=$TMPDIR_TEST
 nserver=0
