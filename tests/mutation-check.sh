@@ -56,6 +56,7 @@ discard-too-early   | writeback_serialized | any    | before-last:^\s*/\* 2\. L2
 snapshot-cow-skipped | owned_alone         | any    | start:*alone = map->kind == CLUSTER_NORMAL; return 0; | test-snapshots test-engine-snapshots test-power-loss
 snapshot-l2-in-place | table_shared        | any    | start:*shared = false; *refcount = 1; return 0; | test-snapshots test-engine-snapshots
 plaintext-encrypted | qcow2_sectors_encrypt | any    | start:return 0;                               | test-encrypted test-engine-luks test-power-loss
+encrypted-sector-race | change_piece       | any    | replace:^\s*claims = allocates .*crypt\.enabled:  claims = allocates; | test-engine-luks
 EOF
 )
 
