@@ -46,8 +46,8 @@
 int qcow2_encrypt_open (struct qcow2_image *img, struct qcow2_io *io,
                         const uint8_t *first, size_t first_len);
 
-/* Wipe the key and free the image's cipher.  Accepts an image that was
- * never set up.
+/* Wipe the key (the image keeps no cipher of its own: each thread and
+ * each write has one).  Accepts an image that was never set up.
  */
 void qcow2_encrypt_close (struct qcow2_image *img);
 
