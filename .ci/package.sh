@@ -138,11 +138,13 @@ plugin_deb=$(echo "$work"/nbdkit-plugin-qcow2zstd_"$version"_*.deb)
 
 # ------------------------------------------------------------ lintian
 say "lintian (info tags shown; errors and warnings fail)"
+start=$SECONDS
 lintian_rc=0
 lintian_out=$(lintian -I --fail-on error,warning "$work"/*.dsc "$work"/*.changes 2>&1) ||
     lintian_rc=$?
 grep -v '^running with root privileges is not recommended!$' <<<"$lintian_out" || true
 [ $lintian_rc = 0 ] || fail "lintian exits $lintian_rc: an error or a warning (above)"
+say "lintian: no error, no warning ($((SECONDS - start)) s)"
 
 # ------------------------------------------------------------ what they hold
 contents ()
@@ -188,14 +190,16 @@ would=$(apt_get install -s --no-install-recommends "$filter_deb" "$plugin_deb" |
 [ "$would" = "${packages[*]}" ] ||
     fail "apt would install '$would', not only ${packages[*]}"
 installed=yes
+start=$SECONDS
 quietly apt_get install -y --no-install-recommends "$filter_deb" "$plugin_deb"
 for p in "${packages[@]}"; do
     [ "$(dpkg-query -W -f '${db:Status-Abbrev}' "$p")" = "ii " ] ||
         fail "$p is not installed after apt-get install"
 done
-say "installed: $(dpkg-query -W -f '${Package} ${Version}\n' "${packages[@]}" | paste -sd, | sed 's/,/, /g')"
+say "installed: $(dpkg-query -W -f '${Package} ${Version}\n' "${packages[@]}" | paste -sd, | sed 's/,/, /g') ($((SECONDS - start)) s)"
 
 # ------------------------------------------------------------ by name
+start=$SECONDS
 owner ()
 {
     dpkg-query -S "$1" 2>/dev/null | cut -d: -f1
@@ -262,7 +266,10 @@ for page in nbdkit-qcow2zstd-filter nbdkit-qcow2zstd-plugin; do
     say "man -w $page: $path"
 done
 
+say "used by name in $((SECONDS - start)) s"
+
 # ------------------------------------------------------------ remove
+start=$SECONDS
 # Every file and directory of theirs except those other packages share.
 dpkg-query -L "${packages[@]}" | grep -vx '/\.' | sort -u > "$work/installed-paths"
 would=$(apt_get purge -s "${packages[@]}" | sed -n 's/^Purg \([^ ]*\).*/\1/p' | sort | xargs)
@@ -271,14 +278,24 @@ would=$(apt_get purge -s "${packages[@]}" | sed -n 's/^Purg \([^ ]*\).*/\1/p' | 
 quietly apt_get purge -y "${packages[@]}"
 installed=no
 nothing_of_ours "after apt-get purge"
-left=()
+left=() dirs=()
 while IFS= read -r path; do
-    if [ -e "$path" ] && { [ ! -d "$path" ] || [ -z "$(dpkg-query -S "$path" 2>/dev/null)" ]; }; then
+    if [ -d "$path" ]; then
+        dirs+=("$path")
+    elif [ -e "$path" ] || [ -L "$path" ]; then
         left+=("$path")
     fi
 done < "$work/installed-paths"
+# A directory still there must belong to another package.  dpkg-query -S
+# prints "PACKAGES: PATH" for each path it knows (and fails for the rest).
+if [ ${#dirs[@]} -gt 0 ]; then
+    owned=$(dpkg-query -S "${dirs[@]}" 2>/dev/null | sed 's/^.*: //' || true)
+    for path in "${dirs[@]}"; do
+        grep -qxF "$path" <<<"$owned" || left+=("$path")
+    done
+fi
 [ ${#left[@]} = 0 ] || fail "left behind after the purge: ${left[*]}"
-say "purged: dpkg knows neither package; none of their $(wc -l < "$work/installed-paths") paths is left (but directories other packages own)"
+say "purged ($((SECONDS - start)) s): dpkg knows neither package; none of their $(wc -l < "$work/installed-paths") paths is left (but directories other packages own)"
 
 if [ -n "${QCOW2ZSTD_PACKAGE_KEEP:-}" ]; then
     mkdir -p "$QCOW2ZSTD_PACKAGE_KEEP"
