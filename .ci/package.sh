@@ -97,23 +97,23 @@ nothing_of_ours "before installing"
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/qcow2zstd-package.XXXXXX")
 # apt reads the .debs as its unprivileged user
 chmod 755 "$work"
+# Another engineer's apt on this shared machine holds dpkg's lock for a
+# while: wait for it rather than fail.
+apt_get () { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@"; }
+
 installed=no
 cleanup ()
 {
     local rc=$?
     if [ "$installed" = yes ]; then
         echo "package.sh: purging ${packages[*]} after a failure" >&2
-        apt-get purge -y "${packages[@]}" >/dev/null 2>&1 || true
+        apt_get purge -y "${packages[@]}" >/dev/null 2>&1 || true
     fi
     rm -rf "$work"
     exit $rc
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# Another engineer's apt on this shared machine holds dpkg's lock for a
-# while: wait for it rather than fail.
-apt_get () { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@"; }
 
 # ------------------------------------------------------------ build
 src=$work/qcow2zstd-$version
@@ -128,7 +128,7 @@ git ls-files -z --cached --others --exclude-standard |
 
 start=$SECONDS
 (cd "$work" && quietly dpkg-source -b "qcow2zstd-$version")
-(cd "$src" && quietly nice -n 10 dpkg-buildpackage -us -uc -b -J2)
+(cd "$src" && quietly dpkg-buildpackage -us -uc -b -J2)
 say "built in $((SECONDS - start)) s:" $(cd "$work" && ls *.dsc *.deb *.changes)
 
 filter_deb=$(echo "$work"/nbdkit-filter-qcow2zstd_"$version"_*.deb)
@@ -158,7 +158,7 @@ expect_files ()
     got=$(contents "$deb")
     want=$(printf '%s\n' "$@" | sort)
     [ "$got" = "$want" ] || {
-        diff <(echo "$want") <(echo "$got") >&2 || true
+        diff -u <(echo "$want") <(echo "$got") >&2 || true
         fail "$(basename "$deb") holds other files than expected (diff: - expected, + got)"
     }
 }
