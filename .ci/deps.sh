@@ -8,6 +8,10 @@
 # Run it as root, or source it:
 #     bash .ci/deps.sh
 #     . .ci/deps.sh
+# `bash .ci/deps.sh --packaging` installs instead what building, checking
+# and trying the Debian packages needs beyond that (.ci/package.sh): kept
+# apart because debhelper and lintian bring about 140 packages that a
+# build from the tree never uses.
 # It is idempotent: when every package is already installed it does not
 # touch apt at all (set QCOW2ZSTD_DEPS_FORCE=1 to update and install
 # anyway).  Sourcing it changes no shell options of the caller and leaves
@@ -46,6 +50,14 @@ qcow2zstd_install_deps ()
         nbd-client                      # the host's own kernel client, where it has one
         nginx                           # the curl tests and bench/bench-http.sh
     )
+    # --packaging: dpkg-buildpackage, dh (it brings dh_autoreconf) and the
+    # checker; the build dependencies (debian/control) are the list above.
+    local packaging=(
+        dpkg-dev debhelper lintian
+        git                             # .ci/package.sh exports the tree
+        man-db                          # man -w finds the installed pages
+    )
+    [ "${1:-}" != --packaging ] || packages=("${packaging[@]}")
     local missing=() p status
 
     for p in "${packages[@]}"; do
@@ -82,8 +94,8 @@ qcow2zstd_install_deps ()
 )
 
 if [ "${BASH_SOURCE[0]}" != "$0" ]; then
-    qcow2zstd_install_deps          # sourced: the caller sees the status
+    qcow2zstd_install_deps "$@"     # sourced: the caller sees the status
 else
-    qcow2zstd_install_deps
+    qcow2zstd_install_deps "$@"
     exit $?
 fi
