@@ -523,6 +523,9 @@ nbdsh () { _client_call nbdsh "$@"; }
 qemu-img () { _client_call qemu-img "$@"; }
 qemu-io () { _client_call qemu-io "$@"; }
 python3 () { _client_call /usr/bin/python3 "$@"; }
+# qemu-img for making LUKS images and key slots: run again when qemu's
+# PBKDF2 benchmark fails to measure (tests/qemu-img-luks.sh says why).
+qemu_img_luks () { _client_call bash "$top_srcdir/tests/qemu-img-luks.sh" "$@"; }
 
 # nbd_uri SOCKET: the NBD URI of a server on a Unix socket.
 nbd_uri ()

@@ -52,17 +52,6 @@ EOF
 
 printf 'power loss' > pass.txt
 SECRET="secret,id=s0,file=$PWD/pass.txt"
-# qemu-img's PBKDF benchmark now and then fails on a busy machine
-# ("Unable to get accurate CPU usage"): try again.
-qemu_img_luks ()
-{
-    local i
-    for i in 1 2 3 4 5; do
-        qemu-img "$@" 2> luks.err && return 0
-        grep -q "accurate CPU usage" luks.err || { cat luks.err; return 1; }
-    done
-    return 1
-}
 
 for form in filter plugin; do
     # 1. qcow2-create, then the first writes into the image it made.

@@ -178,9 +178,7 @@ echo "plugin form: writes to the active layer, check clean, snapshots unchanged"
 
 # An encrypted image with snapshots: both at once.
 printf 'snap pass' > pass.txt
-qemu-img create -q -f qcow2 --object "secret,id=s0,file=$PWD/pass.txt" \
-    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10 enc.qcow2 3M ||
-    qemu-img create -q -f qcow2 --object "secret,id=s0,file=$PWD/pass.txt" \
+qemu_img_luks create -q -f qcow2 --object "secret,id=s0,file=$PWD/pass.txt" \
     -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10 enc.qcow2 3M
 EIMG="driver=qcow2,file.filename=$PWD/enc.qcow2,encrypt.key-secret=s0"
 QIO=(qemu-io --object "secret,id=s0,file=$PWD/pass.txt" --image-opts "$EIMG")
