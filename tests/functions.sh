@@ -573,9 +573,11 @@ EOF
 # ------------------------------------------------------ the test's end
 # _cleanup [STATUS]: the exit trap.  STATUS is the test's exit status
 # ($? by default; a test whose own trap runs something first passes
-# it).  If the test passed, servers still running are stopped and
-# judged as stop_server does (a crash or hang at exit fails the test),
-# and so are the sanitizer reports; then whatever of ours is still
+# it).  If the test passed or is skipping (77), servers still running
+# are stopped and judged as stop_server does (a crash or hang at exit
+# fails the test), and so are the failure marks of subshells and the
+# sanitizer reports: a test that skips after a check failed fails, for
+# a skip is never counted as a failure.  Then whatever of ours is still
 # running is killed and the scratch directory removed.
 _cleanup ()
 {
@@ -584,7 +586,7 @@ _cleanup ()
     # test may be left running.
     set +eu
     kill "$_watchdog" 2>/dev/null || true
-    if [ "$status" = 0 ]; then
+    if [ "$status" = 0 ] || [ "$status" = 77 ]; then
         for pid in "${!_server_what[@]}"; do
             if _alive "$pid"; then
                 ! _ours "$pid" || kill -TERM "$pid" 2>/dev/null || true
@@ -620,6 +622,9 @@ _cleanup ()
         [ -z "$left" ] || kill -9 $left 2>/dev/null || true
     fi
     rm -rf "$TMPDIR_TEST"
+    if [ "$failed" != 0 ] && [ "$status" = 77 ]; then
+        echo "FAIL: ${0##*/} was skipping, but a check had failed before: a failure is never a skip" >&"$_TEST_STDERR"
+    fi
     [ "$failed" = 0 ] || status=1
     case $status in
         0) echo "${0##*/}: passed in $SECONDS s" ;;
