@@ -56,6 +56,35 @@ skip_section ()
     echo "SKIP-SECTION: ${0##*/}: $*"
 }
 
+# section NAME: does this run include the part NAME of this test?  All
+# parts run, unless QCOW2ZSTD_SECTIONS names some of this test's, as
+# words TEST:GLOB (test-locking:overlap, test-power-loss:*-encrypted):
+# then only the parts that one of its globs matches (the mutation check
+# runs only the parts that claim a break).  A glob that matched no part
+# by the end fails the test: a name that no longer exists cannot pass
+# unseen.  Call it from the test's own shell, not from a subshell.
+_test_base=${0##*/}
+_test_base=${_test_base%.sh}
+_section_globs=()
+declare -A _section_hits=()
+for _w in ${QCOW2ZSTD_SECTIONS:-}; do
+    [[ $_w != "$_test_base":* ]] || _section_globs+=("${_w#*:}")
+done
+section ()
+{
+    local glob
+    [ ${#_section_globs[@]} -gt 0 ] || return 0
+    for glob in "${_section_globs[@]}"; do
+        # shellcheck disable=SC2053
+        if [[ $1 == $glob ]]; then
+            _section_hits[$glob]=1
+            echo "=== section $1 (QCOW2ZSTD_SECTIONS)"
+            return 0
+        fi
+    done
+    return 1
+}
+
 # Exit 77 (skip) with a reason unless every named command exists (as a
 # program: the client commands below are also shell functions).
 requires ()
@@ -596,6 +625,13 @@ _cleanup ()
                 # that stops its servers itself may have sent SIGTERM or
                 # SIGKILL, but a crash is never one of those.
                 _server_end "$pid" "0 137 143" || failed=1
+            fi
+        done
+        local glob
+        for glob in "${_section_globs[@]}"; do
+            if [ -z "${_section_hits[$glob]:-}" ]; then
+                echo "FAIL: QCOW2ZSTD_SECTIONS names '$_test_base:$glob', which matched no part of the test" >&"$_TEST_STDERR"
+                failed=1
             fi
         done
         if [ -e "$TMPDIR_TEST/.failed" ]; then
