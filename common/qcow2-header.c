@@ -161,6 +161,12 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
   if ((uint64_t) h->l1_size * 8 > QCOW2_MAX_L1_BYTES)
     return fail (errbuf, errlen,
                  "l1_size: %u entries exceed the 32 MiB limit", h->l1_size);
+  /* The L1 table covers the size field as written, but qemu serves the
+   * disk in whole 512-byte sectors, rounded down (qcow2_do_open:
+   * total_sectors = size / 512): a size that is not a multiple of 512
+   * serves less, and as a backing file reads as zeros from there.
+   */
+  h->virtual_size &= ~UINT64_C (511);
 
   if (h->l1_size > 0) {
     if (h->l1_table_offset & (cluster_size - 1))

@@ -56,6 +56,35 @@ skip_section ()
     echo "SKIP-SECTION: ${0##*/}: $*"
 }
 
+# section NAME: does this run include the part NAME of this test?  All
+# parts run, unless QCOW2ZSTD_SECTIONS names some of this test's, as
+# words TEST:GLOB (test-locking:overlap, test-power-loss:*-encrypted):
+# then only the parts that one of its globs matches (the mutation check
+# runs only the parts that claim a break).  A glob that matched no part
+# by the end fails the test: a name that no longer exists cannot pass
+# unseen.  Call it from the test's own shell, not from a subshell.
+_test_base=${0##*/}
+_test_base=${_test_base%.sh}
+_section_globs=()
+declare -A _section_hits=()
+for _w in ${QCOW2ZSTD_SECTIONS:-}; do
+    [[ $_w != "$_test_base":* ]] || _section_globs+=("${_w#*:}")
+done
+section ()
+{
+    local glob
+    [ ${#_section_globs[@]} -gt 0 ] || return 0
+    for glob in "${_section_globs[@]}"; do
+        # shellcheck disable=SC2053
+        if [[ $1 == $glob ]]; then
+            _section_hits[$glob]=1
+            echo "=== section $1 (QCOW2ZSTD_SECTIONS)"
+            return 0
+        fi
+    done
+    return 1
+}
+
 # Exit 77 (skip) with a reason unless every named command exists (as a
 # program: the client commands below are also shell functions).
 requires ()
@@ -523,6 +552,9 @@ nbdsh () { _client_call nbdsh "$@"; }
 qemu-img () { _client_call qemu-img "$@"; }
 qemu-io () { _client_call qemu-io "$@"; }
 python3 () { _client_call /usr/bin/python3 "$@"; }
+# qemu-img for making LUKS images and key slots: run again when qemu's
+# PBKDF2 benchmark fails to measure (tests/qemu-img-luks.sh says why).
+qemu_img_luks () { _client_call bash "$top_srcdir/tests/qemu-img-luks.sh" "$@"; }
 
 # nbd_uri SOCKET: the NBD URI of a server on a Unix socket.
 nbd_uri ()
@@ -570,9 +602,11 @@ EOF
 # ------------------------------------------------------ the test's end
 # _cleanup [STATUS]: the exit trap.  STATUS is the test's exit status
 # ($? by default; a test whose own trap runs something first passes
-# it).  If the test passed, servers still running are stopped and
-# judged as stop_server does (a crash or hang at exit fails the test),
-# and so are the sanitizer reports; then whatever of ours is still
+# it).  If the test passed or is skipping (77), servers still running
+# are stopped and judged as stop_server does (a crash or hang at exit
+# fails the test), and so are the failure marks of subshells and the
+# sanitizer reports: a test that skips after a check failed fails, for
+# a skip is never counted as a failure.  Then whatever of ours is still
 # running is killed and the scratch directory removed.
 _cleanup ()
 {
@@ -581,7 +615,7 @@ _cleanup ()
     # test may be left running.
     set +eu
     kill "$_watchdog" 2>/dev/null || true
-    if [ "$status" = 0 ]; then
+    if [ "$status" = 0 ] || [ "$status" = 77 ]; then
         for pid in "${!_server_what[@]}"; do
             if _alive "$pid"; then
                 ! _ours "$pid" || kill -TERM "$pid" 2>/dev/null || true
@@ -591,6 +625,13 @@ _cleanup ()
                 # that stops its servers itself may have sent SIGTERM or
                 # SIGKILL, but a crash is never one of those.
                 _server_end "$pid" "0 137 143" || failed=1
+            fi
+        done
+        local glob
+        for glob in "${_section_globs[@]}"; do
+            if [ -z "${_section_hits[$glob]:-}" ]; then
+                echo "FAIL: QCOW2ZSTD_SECTIONS names '$_test_base:$glob', which matched no part of the test" >&"$_TEST_STDERR"
+                failed=1
             fi
         done
         if [ -e "$TMPDIR_TEST/.failed" ]; then
@@ -617,6 +658,9 @@ _cleanup ()
         [ -z "$left" ] || kill -9 $left 2>/dev/null || true
     fi
     rm -rf "$TMPDIR_TEST"
+    if [ "$failed" != 0 ] && [ "$status" = 77 ]; then
+        echo "FAIL: ${0##*/} was skipping, but a check had failed before: a failure is never a skip" >&"$_TEST_STDERR"
+    fi
     [ "$failed" = 0 ] || status=1
     case $status in
         0) echo "${0##*/}: passed in $SECONDS s" ;;

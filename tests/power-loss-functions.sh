@@ -1,20 +1,29 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # The power-loss harness for the shell tests: serve an image so that
-# every write, flush and discard that reaches its storage is logged, run
-# a client workload that keeps a shadow of what it did, and check the
-# crash states rebuilt from the log.  Source it after functions.sh.
+# every write, flush and discard that reaches its storage is logged, in
+# device order with what was in flight, run a client workload that sends
+# its requests in batches over several connections and keeps a shadow of
+# what returned, and check the crash states rebuilt from the log.
+# Source it after functions.sh.
 #
 #   power_loss_run NAME FORM IMAGE WORKLOAD CLUSTER SEED SPAN [SERVER-ARGS...]
 #       Copies IMAGE (or notes that it does not exist) to NAME.initial,
 #       serves IMAGE in FORM (filter: the filter over tests/record-plugin,
 #       which logs; plugin: the plugin form with tests/record-shim
-#       preloaded into nbdkit, which logs what the plugin does to IMAGE),
+#       preloaded into nbdkit, which logs what the plugin does to IMAGE;
+#       either holds each change in flight up to POWER_LOSS_DELAY_US
+#       microseconds longer, default 2000, so that requests overlap),
 #       runs tests/power-loss-workload.py WORKLOAD (CLUSTER SEED SPAN)
 #       against it and stops the server.  Leaves NAME.log, NAME.shadow.
 #   power_loss_check NAME VIRTUAL-SIZE [CHECKER-ARGS...]
 #       Runs tests/power-loss-check.py on what power_loss_run left; it
 #       prints the number of crash states checked, and fails the test if
 #       any is corrupt or lost flushed data.
+#   power_loss_self_check NAME VIRTUAL-SIZE [CHECKER-ARGS...]
+#       The same log checked by a replay that ignores the device's
+#       flushes: the checker must find durable data lost (else the check
+#       is blind, and the test fails).  Call it before power_loss_check,
+#       which removes what the run left.
 #
 # For another write path, reuse both: a workload of its own (a new entry
 # of power-loss-workload.py, or any client that writes the shadow log of
@@ -37,7 +46,8 @@ power_loss_run ()
     : > "$log"
     case $form in
         filter)
-            start_server "$sock" "$RECORD_PLUGIN" file="$image" log="$log" "$@" ;;
+            start_server "$sock" "$RECORD_PLUGIN" file="$image" log="$log" \
+                delay-us="${POWER_LOSS_DELAY_US:-2000}" "$@" ;;
         plugin)
             # The shim goes after whatever the environment preloads (the
             # sanitizers' runtime must come first).
@@ -54,7 +64,8 @@ power_loss_run ()
                     NBDKIT_ENV=(env "LD_PRELOAD=$RECORD_SHIM" "${NBDKIT_ENV[@]}")
                 fi
             fi
-            NBDKIT_ENV=(env "RECORD_FILE=$image" "RECORD_LOG=$log" "${NBDKIT_ENV[@]}")
+            NBDKIT_ENV=(env "RECORD_FILE=$image" "RECORD_LOG=$log"
+                        "RECORD_DELAY_US=${POWER_LOSS_DELAY_US:-2000}" "${NBDKIT_ENV[@]}")
             start_nbdkit "$sock" "$PLUGIN" "$image" "$@"
             NBDKIT_ENV=("${saved[@]}") ;;
         *) fail "power_loss_run: unknown form $form" ;;
@@ -80,4 +91,18 @@ power_loss_check ()
         --size "$size" --workdir "$name.states" "$@" ||
         fail "$name: crash states failed the check (see above)"
     rm -rf "$name.states"
+}
+
+power_loss_self_check ()
+{
+    local name=$1 size=$2
+    shift 2
+    local initial=none
+    [ -e "$name.initial" ] && initial=$name.initial
+    mkdir -p "$name.self-check"
+    "$PYTHON" "$top_srcdir/tests/power-loss-check.py" --name "$name" \
+        --log "$name.log" --shadow "$name.shadow" --initial "$initial" \
+        --size "$size" --workdir "$name.self-check" "$@" --self-check ||
+        fail "$name: the checker found nothing wrong with a replay that ignores device flushes"
+    rm -rf "$name.self-check"
 }

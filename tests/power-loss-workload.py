@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
 # The client side of the power-loss harness: one of a few workloads,
-# written through libnbd to the server under test, with every operation
-# logged to the shadow as it returns (see powerloss.py).
+# written through libnbd to the server under test in batches of requests
+# sent at once over three connections (some with FUA, flushes sent while
+# requests are in flight), with every request logged to the shadow as it
+# returns (see powerloss.py).
 #
 #   power-loss-workload.py WORKLOAD URI DEVICE_LOG SHADOW CLUSTER_SIZE SEED [SPAN]
 #
@@ -30,17 +32,14 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import nbd  # noqa: E402
 from powerloss import SECTOR, Shadow  # noqa: E402
 
 name, uri, device_log, shadow_path = sys.argv[1:5]
 cluster, seed = int(sys.argv[5]), int(sys.argv[6])
 span = int(sys.argv[7]) if len(sys.argv) > 7 else 0
 rng = random.Random(seed)
-h = nbd.NBD()
-h.connect_uri(uri)
-size = h.get_size()
-sh = Shadow(shadow_path, device_log)
+sh = Shadow(shadow_path, device_log, uri, seed)
+size = sh.size
 
 
 def some_range(max_len):
@@ -52,20 +51,20 @@ def some_range(max_len):
 if name == "random":
     for i in range(36):
         if rng.randrange(8) == 0:
-            sh.zero(h, *some_range(3 * cluster))
+            sh.zero(*some_range(3 * cluster))
         else:
-            sh.write(h, *some_range(min(3 * cluster, 192 << 10)),
+            sh.write(*some_range(min(3 * cluster, 192 << 10)),
                      rng.randrange(2) == 0)
         if i % 4 == 3:
-            sh.flush(h)
+            sh.flush()
 elif name == "cow":
     for i in range(30):
         c = rng.randrange(size // cluster)
         n = rng.randrange(1, cluster // SECTOR) * SECTOR
         start = rng.randrange(0, (cluster - n) // SECTOR + 1) * SECTOR
-        sh.write(h, c * cluster + start, n, rng.randrange(2) == 0)
+        sh.write(c * cluster + start, n, rng.randrange(2) == 0)
         if i % 3 == 2:
-            sh.flush(h)
+            sh.flush()
 elif name == "compress":
     done = []
     for i in range(30):
@@ -77,30 +76,30 @@ elif name == "compress":
             off, n = rng.choice(done)           # overwrite compressed data
         else:
             off, n = some_range(cluster)        # part of a cluster
-        sh.write(h, off, n, rng.randrange(10) < 7)
+        sh.write(off, n, rng.randrange(10) < 7)
         done.append((off, n))
         if i % 3 == 2:
-            sh.flush(h)
+            sh.flush()
 elif name == "sequential":
     chunk = 64 << 10
     for i, off in enumerate(range(0, span, chunk)):
-        sh.write(h, off, chunk, rng.randrange(2) == 0)
+        sh.write(off, chunk, rng.randrange(2) == 0)
         if i % 8 == 7:
-            sh.flush(h)
+            sh.flush()
 elif name == "reuse":
     chunk = 64 << 10
     areas = [0, size // 2]
     for rnd in range(3):
         area = areas[rnd % 2]
         for i, off in enumerate(range(area, area + span, chunk)):
-            sh.write(h, off, chunk, False)
+            sh.write(off, chunk, False)
             if i % 6 == 5:
-                sh.flush(h)
-        sh.flush(h)
+                sh.flush()
+        sh.flush()
         # Whole clusters: they read as zeros, and their clusters are free
         # once the metadata that dropped them is on disk.
-        sh.trim(h, area, span)
-        sh.flush(h)
+        sh.trim(area, span)
+        sh.flush()
 elif name == "discard":
     clusters = size // cluster
 
@@ -110,29 +109,31 @@ elif name == "discard":
 
     for rnd in range(3):
         for i in range(10):
-            sh.write(h, *some_clusters(), rng.randrange(3) != 0)
+            sh.write(*some_clusters(), rng.randrange(3) != 0)
             if i % 4 == 3:
-                sh.flush(h)
-        sh.flush(h)
+                sh.flush()
+        sh.flush()
         for i in range(9):
             off, n = some_clusters()
             kind = rng.randrange(3)
             if kind == 0:
-                sh.trim(h, off, n)
+                sh.trim(off, n)
             elif kind == 1:
-                sh.zero(h, off, n)
+                sh.zero(off, n)
             else:
                 part = rng.randrange(1, cluster // SECTOR) * SECTOR
-                sh.write(h, off + part, SECTOR, rng.randrange(2) == 0)
+                sh.write(off + part, SECTOR, rng.randrange(2) == 0)
             if i % 3 == 2:
-                sh.flush(h)
-        sh.flush(h)
-    sh.trim(h, 0, clusters * cluster)
-    sh.flush(h)
+                sh.flush()
+        sh.flush()
+    sh.trim(0, clusters * cluster)
+    sh.flush()
     for i in range(4):
-        sh.write(h, *some_clusters(), True)
-    sh.flush(h)
+        sh.write(*some_clusters(), True)
+    sh.flush()
 else:
     sys.exit(f"unknown workload {name}")
-sh.flush(h)
-h.shutdown()
+batches, in_flight_flushes = sh.close()
+print(f"{name}: {sh.entries} requests returned in {batches} batches over "
+      f"{len(sh.handles)} connections, {in_flight_flushes} flushes sent "
+      "with requests in flight")

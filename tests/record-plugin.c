@@ -5,13 +5,17 @@
  * hole, as nbdkit's file plugin does.
  *
  *   nbdkit --filter=qcow2zstd tests/.libs/record-plugin.so \
- *          file=DEVICE log=LOG
+ *          file=DEVICE log=LOG [delay-us=N]
  *
- * Every write, trim and flush takes one lock, so the log's order is the
- * order in which the file saw them: a write logged before a flush completed
- * before that flush began.  The log is written with write(2), so a
- * client that sees a flush return can read the log's size and know
- * every record of that flush is in it.
+ * Requests are served in parallel (the parallel thread model, and no
+ * lock around the calls on the file): each logs its record as it
+ * begins and its completion when the call on the file has returned, so
+ * the log is in device order and says what was in flight.  delay-us
+ * holds each write and trim in flight up to N microseconds longer
+ * (after the call, before its completion is logged), so that requests
+ * from the filter's threads overlap.  The log is written with write(2),
+ * so a client that sees a request return can read the log's size and
+ * know that every record of that request is in it.
  */
 
 #include <config.h>
@@ -30,16 +34,17 @@
 #include "record-log.h"
 
 static char *filename, *logname;
-static int fd = -1, log_fd = -1;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int fd = -1;
+static struct record_log rlog = RECORD_LOG_INIT;
+static unsigned delay_us;
 
 static void
 record_unload (void)
 {
   if (fd >= 0)
     close (fd);
-  if (log_fd >= 0)
-    close (log_fd);
+  if (rlog.fd >= 0)
+    close (rlog.fd);
   free (filename);
   free (logname);
 }
@@ -49,6 +54,8 @@ record_config (const char *key, const char *value)
 {
   char **dst;
 
+  if (strcmp (key, "delay-us") == 0)
+    return nbdkit_parse_unsigned ("delay-us", value, &delay_us);
   if (strcmp (key, "file") == 0)
     dst = &filename;
   else if (strcmp (key, "log") == 0)
@@ -74,9 +81,9 @@ record_get_ready (void)
     nbdkit_error ("record: %s: %m", filename);
     return -1;
   }
-  log_fd = open (logname, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC,
+  rlog.fd = open (logname, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC,
                  0644);
-  if (log_fd == -1) {
+  if (rlog.fd == -1) {
     nbdkit_error ("record: %s: %m", logname);
     return -1;
   }
@@ -139,27 +146,26 @@ record_pwrite (void *handle, const void *buf, uint32_t count,
   const char *p = buf;
   uint32_t left = count;
   uint64_t pos = offset;
-  int r = 0;
+  uint64_t change = record_write_begins (&rlog, offset, buf, count);
 
-  pthread_mutex_lock (&lock);
   while (left > 0) {
     ssize_t n = pwrite (fd, p, left, pos);
     if (n == -1 && errno == EINTR)
       continue;
     if (n == -1) {
+      /* Never completed: the log keeps it in flight, as the storage may
+       * hold any part of it.
+       */
       nbdkit_error ("record: pwrite: %m");
-      r = -1;
-      break;
+      return -1;
     }
     p += n;
     left -= n;
     pos += n;
   }
-  /* What reached the file is logged, even after a failure part way. */
-  if (count - left > 0)
-    record_log_write (log_fd, offset, buf, count - left);
-  pthread_mutex_unlock (&lock);
-  return r;
+  record_pause (delay_us);
+  record_completed (&rlog, change);
+  return 0;
 }
 
 static int
@@ -171,32 +177,29 @@ record_can_trim (void *handle)
 static int
 record_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  int r;
+  uint64_t change = record_discard_begins (&rlog, offset, count);
 
-  pthread_mutex_lock (&lock);
-  r = fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset,
-                 count);
-  if (r == 0)
-    record_log_discard (log_fd, offset, count);
-  else
+  if (fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset,
+                 count) == -1) {
     nbdkit_error ("record: fallocate: %m");
-  pthread_mutex_unlock (&lock);
-  return r;
+    return -1;
+  }
+  record_pause (delay_us);
+  record_completed (&rlog, change);
+  return 0;
 }
 
 static int
 record_flush (void *handle, uint32_t flags)
 {
-  int r;
+  uint64_t flush = record_flush_begins (&rlog);
 
-  pthread_mutex_lock (&lock);
-  r = fdatasync (fd);
-  if (r == 0)
-    record_log_flush (log_fd);
-  else
+  if (fdatasync (fd) == -1) {
     nbdkit_error ("record: fdatasync: %m");
-  pthread_mutex_unlock (&lock);
-  return r;
+    return -1;
+  }
+  record_flush_returned (&rlog, flush);
+  return 0;
 }
 
 static struct nbdkit_plugin plugin = {

@@ -7,10 +7,13 @@
  *
  * pwrite, fsync, fdatasync, ftruncate and fallocate on that file (found
  * by device and inode, whichever descriptor reaches it) are recorded in
- * the format of record-log.h, each call and its record under one lock
- * so that the log's order is the order the file saw them.  write,
- * writev and pwritev on it are recorded as calls the harness cannot
- * model, so that a change to the plugin's I/O cannot go unrecorded.
+ * the format of record-log.h, in device order: each as it begins and as
+ * it returns, the calls themselves running in parallel as the plugin
+ * makes them.  RECORD_DELAY_US=N holds each change in flight up to N
+ * microseconds longer (after the call, before its completion is
+ * logged).  write, writev and pwritev on it are recorded as calls the
+ * harness cannot model, so that a change to the plugin's I/O cannot go
+ * unrecorded.
  */
 
 #include <config.h>
@@ -29,8 +32,9 @@
 
 #include "record-log.h"
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int log_fd = -1;
+static struct record_log rlog = RECORD_LOG_INIT;
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned delay_us;
 
 #define REAL(name) \
   static __typeof__ (name) *real_##name; \
@@ -50,21 +54,27 @@ is_image (int fd)
     fst.st_dev == pst.st_dev && fst.st_ino == pst.st_ino;
 }
 
-/* With the lock held. */
-static int
-log_fd_get (void)
+/* The log, opened on first use (nbdkit's own writes before that go to
+ * other files).
+ */
+static struct record_log *
+log_get (void)
 {
-  const char *path;
+  const char *path, *delay;
 
-  if (log_fd >= 0)
-    return log_fd;
-  path = getenv ("RECORD_LOG");
-  if (path == NULL)
-    abort ();
-  log_fd = open (path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log_fd == -1)
-    abort ();
-  return log_fd;
+  pthread_mutex_lock (&open_lock);
+  if (rlog.fd < 0) {
+    path = getenv ("RECORD_LOG");
+    if (path == NULL)
+      abort ();
+    delay = getenv ("RECORD_DELAY_US");
+    delay_us = delay ? atoi (delay) : 0;
+    rlog.fd = open (path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (rlog.fd == -1)
+      abort ();
+  }
+  pthread_mutex_unlock (&open_lock);
+  return &rlog;
 }
 
 static void
@@ -75,21 +85,28 @@ record_unmodelled (const char *what)
 
   head[0] = 'X';
   record_put_le (head + 1, len, 4);
-  record_write_all (log_fd_get (), head, sizeof head);
-  record_write_all (log_fd_get (), what, len);
+  record_append (log_get (), head, sizeof head, what, len);
 }
 
 static ssize_t
 recorded_pwrite (ssize_t (*real) (int, const void *, size_t, off_t),
                  int fd, const void *buf, size_t count, off_t offset)
 {
-  ssize_t r;
+  struct record_log *l = log_get ();
+  uint64_t change = record_write_begins (l, offset, buf, count);
+  ssize_t r = real (fd, buf, count, offset);
 
-  pthread_mutex_lock (&lock);
-  r = real (fd, buf, count, offset);
-  if (r > 0)
-    record_log_write (log_fd_get (), offset, buf, r);
-  pthread_mutex_unlock (&lock);
+  /* A short write completes only what it wrote: the rest is a new
+   * write (the plugin writes it again) or never happens.
+   */
+  if (r >= 0 && (size_t) r == count) {
+    record_pause (delay_us);
+    record_completed (l, change);
+  }
+  else if (r > 0) {
+    uint64_t part = record_write_begins (l, offset, buf, r);
+    record_completed (l, part);
+  }
   return r;
 }
 
@@ -114,13 +131,12 @@ pwrite64 (int fd, const void *buf, size_t count, off_t offset)
 static int
 recorded_sync (int (*real) (int), int fd)
 {
-  int r;
+  struct record_log *l = log_get ();
+  uint64_t flush = record_flush_begins (l);
+  int r = real (fd);
 
-  pthread_mutex_lock (&lock);
-  r = real (fd);
   if (r == 0)
-    record_log_flush (log_fd_get ());
-  pthread_mutex_unlock (&lock);
+    record_flush_returned (l, flush);
   return r;
 }
 
@@ -142,17 +158,14 @@ fdatasync (int fd)
 static int
 recorded_truncate (int (*real) (int, off_t), int fd, off_t length)
 {
-  uint8_t rec[9];
-  int r;
+  struct record_log *l = log_get ();
+  uint64_t change = record_truncate_begins (l, length);
+  int r = real (fd, length);
 
-  pthread_mutex_lock (&lock);
-  r = real (fd, length);
   if (r == 0) {
-    rec[0] = 'T';
-    record_put_le (rec + 1, length, 8);
-    record_write_all (log_fd_get (), rec, sizeof rec);
+    record_pause (delay_us);
+    record_completed (l, change);
   }
-  pthread_mutex_unlock (&lock);
   return r;
 }
 
@@ -176,19 +189,14 @@ static int
 recorded_fallocate (int (*real) (int, int, off_t, off_t), int fd, int mode,
                     off_t offset, off_t len)
 {
-  uint8_t rec[21];
-  int r;
+  struct record_log *l = log_get ();
+  uint64_t change = record_fallocate_begins (l, mode, offset, len);
+  int r = real (fd, mode, offset, len);
 
-  pthread_mutex_lock (&lock);
-  r = real (fd, mode, offset, len);
   if (r == 0) {
-    rec[0] = 'A';
-    record_put_le (rec + 1, (uint32_t) mode, 4);
-    record_put_le (rec + 5, offset, 8);
-    record_put_le (rec + 13, len, 8);
-    record_write_all (log_fd_get (), rec, sizeof rec);
+    record_pause (delay_us);
+    record_completed (l, change);
   }
-  pthread_mutex_unlock (&lock);
   return r;
 }
 
@@ -217,11 +225,9 @@ fallocate64 (int fd, int mode, off_t offset, off_t len)
 static void
 mark_unmodelled (int fd, const char *what)
 {
-  if (fd == log_fd || !is_image (fd))
+  if (fd == rlog.fd || !is_image (fd))
     return;
-  pthread_mutex_lock (&lock);
   record_unmodelled (what);
-  pthread_mutex_unlock (&lock);
 }
 
 ssize_t

@@ -2,12 +2,14 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Backing files: raw and qcow2 backing files and a chain of three, named
 # in the header (absolute and relative) or given with qcow2-backing=PATH;
-# reads compared with qemu's; partial writes, zeroes and trims over
+# reads compared with qemu's, also of backing files that end inside a
+# cluster, smaller than the disk (both forms); partial writes, zeroes and trims over
 # unallocated clusters, on v3 and v2, checked with qemu-img check and
 # compared with qemu's reading of the result.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy qemu-io
 requires_nbd_python
+[ -f "$PLUGIN" ] || fail "the plugin is not built: $PLUGIN"
 
 cd "$TMPDIR_TEST"
 $PYTHON -c "
@@ -105,6 +107,52 @@ EOF
     grep -q "No errors were found" check.out || { cat check.out; fail "compat $compat: check found problems"; }
     qemu-img compare -q -f qcow2 -F raw w.qcow2 expect.raw || fail "compat $compat: qemu reads other data"
     echo "compat $compat over a backing file: writes, zeroes, trims: check clean, qemu agrees"
+done
+
+# 4b. Backing files that end inside a cluster, under a 4 MiB overlay:
+# a qcow2 one made with a size of 1 MiB + 4 bytes (qemu-img rounds it
+# to 1 MiB + 512), the same with the header's size set to exactly
+# 1 MiB + 4 (qemu reads a size in whole sectors, rounded down), and a
+# raw file of 1 MiB + 4 bytes.  The backing data fills every byte, and
+# the overlay's cluster over the backing file's end is unallocated, so
+# its read is the backing file's last part and then zeros.  Read whole
+# through both forms (nbdcopy, as a client reads the disk) and compared
+# with qemu's reading of the overlay.
+odd=$((1048576 + 4))
+for kind in qcow2 qcow2-exact raw; do
+    section odd-backing-$kind || continue
+    rm -f odd-base.* odd-top.qcow2
+    if [ $kind = raw ]; then
+        $PYTHON -c "open('odd-base.raw', 'wb').write((b'backing end ' * 90000)[:$odd])"
+        qemu-img create -q -f qcow2 -b "$PWD/odd-base.raw" -F raw odd-top.qcow2 4M
+    else
+        qemu-img create -q -f qcow2 odd-base.qcow2 $odd
+        qemu-io -f qcow2 -c "write -P 0x6b 0 $(( (odd + 511) / 512 * 512 ))" odd-base.qcow2 > /dev/null
+        if [ $kind = qcow2-exact ]; then
+            $PYTHON -c "
+import struct
+with open('odd-base.qcow2', 'r+b') as f:
+    f.seek(24)
+    f.write(struct.pack('>Q', $odd))"
+        fi
+        qemu-img create -q -f qcow2 -b "$PWD/odd-base.qcow2" -F qcow2 odd-top.qcow2 4M
+    fi
+    qemu-io -f qcow2 -c "write -P 0x71 64k 64k" -c "write -P 0x72 2M 64k" odd-top.qcow2 > /dev/null
+    qemu-img convert -O raw odd-top.qcow2 qemu.raw
+    for form in filter plugin; do
+        rm -f served.raw
+        if [ $form = filter ]; then
+            start_server "$PWD/sock" -r file odd-top.qcow2
+        else
+            start_nbdkit "$PWD/sock" -r "$PLUGIN" odd-top.qcow2
+        fi
+        nbdcopy "$(nbd_uri "$PWD/sock")" served.raw ||
+            fail "$kind backing of $odd bytes, $form: nbdcopy failed"
+        stop_server
+        cmp served.raw qemu.raw ||
+            fail "$kind backing of $odd bytes, $form: the disk read differs from qemu's"
+    done
+    echo "$kind backing file of $odd bytes under a 4 MiB disk: read whole by both forms as qemu reads it"
 done
 
 # 5. Extents: zero clusters of the top image are holes that read as

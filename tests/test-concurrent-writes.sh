@@ -85,7 +85,7 @@ $PYTHON "$script" initial initial-luks.raw 4096 $((48 * 4096))
 printf '%s' "concurrent secret" > pass.txt
 QEMU_OPEN=(--object "secret,id=s0,file=$PWD/pass.txt" --image-opts
            "driver=qcow2,file.filename=$PWD/luks.qcow2,encrypt.key-secret=s0")
-qemu-img convert -q -O qcow2 --object "secret,id=s0,file=$PWD/pass.txt" \
+qemu_img_luks convert -q -O qcow2 --object "secret,id=s0,file=$PWD/pass.txt" \
     -o cluster_size=4096,encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10 \
     initial-luks.raw luks.qcow2
 truncate -s +16M luks.qcow2

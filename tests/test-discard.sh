@@ -7,7 +7,10 @@
 # Side by side with qemu-nbd --discard=unmap on the same image.  With
 # qcow2-discard=ignore the file keeps its blocks; a plugin that cannot
 # trim gets no trim.  qcow2-detect-zeroes=off|on|unmap takes as many
-# clusters for zeros written as qemu-nbd --detect-zeroes does.
+# clusters for zeros written as qemu-nbd --detect-zeroes does, and judges
+# each cluster of a write across clusters by its own bytes.  A
+# compressed cluster freed and its host cluster reused with the same L2
+# entry reads the new data, not a cached copy of the old (both forms).
 # Every image ends clean in qemu-img check and reads back as written.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-img qemu-io qemu-nbd nbdcopy
@@ -221,6 +224,141 @@ for mode in off on unmap; do
     [ "$ours" = "$theirs" ] ||
         fail "detect-zeroes=$mode: $ours clusters hold data or keep a host cluster; qemu-nbd: $theirs"
     echo "qcow2-detect-zeroes=$mode: 2 MiB of zeros written leave $ours clusters allocated (qemu-nbd --detect-zeroes=$mode: $theirs)"
+done
+
+# One write over several clusters, some of them all zeros, from a
+# cluster boundary and from inside a cluster: each cluster is judged by
+# its own bytes.  With qcow2-detect-zeroes=unmap the clusters of zeros
+# take no host cluster and the others keep their data, in both forms.
+if section detect-zeroes-multi; then
+    C=65536
+    for form in filter plugin; do
+        rm -f dz.qcow2
+        qemu-img create -q -f qcow2 dz.qcow2 8M
+        if [ $form = filter ]; then
+            truncate -s +4M dz.qcow2
+            start_server "$PWD/s8" file dz.qcow2 qcow2-detect-zeroes=unmap
+        else
+            start_nbdkit "$PWD/s8" "$PLUGIN" dz.qcow2 qcow2-detect-zeroes=unmap
+        fi
+        # Clusters 16-21: zeros, data, zeros, data, data, zeros; then 40-44
+        # written from 1000 bytes into cluster 40: part, zeros, data, zeros,
+        # part.
+        "$PYTHON" - "$(nbd_uri "$PWD/s8")" dz-expect.raw <<'EOF' ||
+import sys
+import nbd
+C = 65536
+def data(k):
+    return (b"cluster %d of a multi-cluster write " % k * 2000)[:C]
+disk = bytearray(8 << 20)
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+kinds = "ZDZDDZ"
+buf = b"".join(bytes(C) if k == "Z" else data(16 + i) for i, k in enumerate(kinds))
+h.pwrite(buf, 16 * C)
+disk[16 * C:22 * C] = buf
+buf2 = data(40)[1000:] + bytes(C) + data(42) + bytes(C) + data(44)[:3000]
+h.pwrite(buf2, 40 * C + 1000)
+disk[40 * C + 1000:40 * C + 1000 + len(buf2)] = buf2
+h.flush()
+if h.pread(len(disk), 0) != disk:
+    sys.exit("the disk does not read back as written")
+h.shutdown()
+open(sys.argv[2], "wb").write(disk)
+EOF
+            fail "detect-zeroes across clusters, $form: the data is wrong"
+        stop_server
+        check_clean dz.qcow2 dz-expect.raw "detect-zeroes across clusters, $form"
+        # Allocated: 17, 19, 20 and 40, 42, 44 (parts of clusters are data).
+        got=$(qemu-img map --output=json dz.qcow2 |
+            "$PYTHON" -c 'import json, sys; print(" ".join(str(c) for e in json.load(sys.stdin) if e["data"] for c in range(e["start"] >> 16, (e["start"] + e["length"]) >> 16)))')
+        [ "$got" = "17 19 20 40 42 44" ] ||
+            fail "detect-zeroes across clusters, $form: clusters '$got' hold data, not 17 19 20 40 42 44"
+        echo "$form: a write across clusters, from a boundary and from inside one: clusters of zeros take no host cluster (unmap), the others hold their data"
+    done
+fi
+
+# ------------------------------------------------------- freed, then reused
+# A compressed cluster read in part (so its decompressed copy is in the
+# cluster cache), trimmed, flushed (its host cluster is free), then
+# written with other data that compresses to as many sectors: it lands
+# in the same host cluster with the same L2 entry, the cache's key.  The
+# next read in part must be the new data: the copy of the old one went
+# with the free.  Three rounds, each ending with a trim (all three reuse
+# the entry today); at least one must (the entries are read from the
+# file), or the case tests nothing.
+for form in filter plugin; do
+    section reuse-cache-$form || continue
+    rm -f r.qcow2
+    qemu-img create -q -f qcow2 r.qcow2 8M
+    if [ $form = filter ]; then
+        truncate -s +4M r.qcow2
+        start_server "$PWD/s7" file r.qcow2 qcow2-compress=true
+    else
+        start_nbdkit "$PWD/s7" "$PLUGIN" r.qcow2 qcow2-compress=true
+    fi
+    "$PYTHON" - "$(nbd_uri "$PWD/s7")" "$PWD/r.qcow2" last-b.bin > reuse.out <<'EOF' ||
+import struct, sys
+import nbd
+
+def l2_entry(path, guest):
+    with open(path, "rb") as f:
+        head = f.read(48)
+        bits = struct.unpack(">I", head[20:24])[0]
+        l1_offset = struct.unpack(">Q", head[40:48])[0]
+        per_l2 = 1 << (bits - 3)
+        idx = guest >> bits
+        f.seek(l1_offset + 8 * (idx // per_l2))
+        l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+        if not l2:
+            return 0
+        f.seek(l2 + 8 * (idx % per_l2))
+        return struct.unpack(">Q", f.read(8))[0]
+
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+C, off, same, wrong = 65536, 3 << 20, 0, []
+for rnd in range(3):
+    a = (b"round %d, the old data A, " % rnd * 4000)[:C]
+    b = (b"round %d, the new data B, " % rnd * 4000)[:C]
+    h.pwrite(a, off)
+    h.flush()
+    entry_a = l2_entry(sys.argv[2], off)
+    if h.pread(4096, off) != a[:4096]:
+        wrong.append(f"round {rnd}: A does not read back")
+    h.trim(C, off)
+    h.flush()
+    h.pwrite(b, off)
+    h.flush()
+    entry_b = l2_entry(sys.argv[2], off)
+    same += entry_a == entry_b and entry_a & (1 << 62) != 0
+    got = h.pread(4096, off)
+    if got != b[:4096]:
+        wrong.append(f"round {rnd}: read {got[:32]!r}..., not B"
+                     + (" (A's bytes: the cached copy of the freed cluster)"
+                        if got == a[:4096] else ""))
+    if h.pread(C, off) != b:
+        wrong.append(f"round {rnd}: the whole cluster is not B")
+    if rnd < 2:
+        # The next round's A then lands where this one's did.
+        h.trim(C, off)
+        h.flush()
+h.shutdown()
+open(sys.argv[3], "wb").write(b)
+print(f"{same} of 3 rounds reused the L2 entry")
+if wrong:
+    sys.exit("; ".join(wrong))
+if same == 0:
+    sys.exit("no round wrote B with A's L2 entry: the case no longer tests "
+             "what it is for")
+EOF
+        { cat reuse.out; fail "$form: a compressed cluster freed and reused"; }
+    stop_server
+    qemu-img convert -O raw r.qcow2 r.raw
+    cmp -s -i 3M:0 -n 64K r.raw last-b.bin ||
+        fail "$form: qemu does not read B after the reuse"
+    qemu-img check -q r.qcow2 || fail "$form: qemu-img check after the reuse"
+    echo "$form: a compressed cluster read, trimmed, flushed and written again into its host cluster reads the new data ($(cat reuse.out))"
 done
 
 echo "test-discard: all cases passed"

@@ -12,7 +12,8 @@
 # acknowledged was lost, even when a later write-back or flush failed.
 # After the server stops, the image must pass qemu-img check without
 # corruption (leaks allowed), and qemu and the filter must both read the
-# shadow.
+# shadow.  And an L2 table that cannot be read fails the reads under it
+# with EIO, however many are tried.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy qemu-io
 requires_nbd_python
@@ -146,3 +147,48 @@ for comp in zlib zstd; do
         echo "    qemu and the filter read what was acknowledged: $shadow"
     done
 done
+
+# An L2 table that cannot be read.  With 512-byte clusters an L2 table
+# covers 32 KiB: the image's tables are read one at a time, as reads
+# reach them.  Once the image is open, every read underneath fails: a
+# read of a range whose table was not read yet must fail with EIO (not
+# read as unallocated, zeros), and so must its map; with the faults gone
+# the same reads return the data (no failed table was cached).
+if section l2-read-error; then
+    $PYTHON -c "open('l2.raw', 'wb').write(b'L2 table read error ' * 100000)"
+    qemu-img convert -O qcow2 -o cluster_size=512 l2.raw l2.qcow2
+    start_server "$PWD/sock" -r --filter=error file l2.qcow2 error-pread-rate=100% \
+        error=EIO error-file="$PWD/inject-l2"
+    rm -f inject-l2
+    $PYTHON - "$(nbd_uri "$PWD/sock")" "$PWD/inject-l2" l2.raw <<'EOF2' ||
+import nbd, sys
+uri, trigger, raw = sys.argv[1:4]
+want = open(raw, "rb").read()
+h = nbd.NBD()
+h.connect_uri(uri)
+assert h.pread(512, 0) == want[:512]
+open(trigger, "w").close()
+failed = 0
+for off in (1 << 20, 3 << 19, (1 << 20) + 65536):
+    try:
+        got = h.pread(4096, off)
+    except nbd.Error as e:
+        if e.errno != "EIO":
+            sys.exit(f"a read at {off} failed with {e}, not EIO")
+        failed += 1
+        continue
+    sys.exit(f"a read at {off} whose L2 table could not be read returned "
+             f"{'zeros' if got == bytes(4096) else 'data'}, not an error")
+import os
+os.unlink(trigger)
+for off in (1 << 20, 3 << 19, (1 << 20) + 65536):
+    if h.pread(4096, off) != want[off:off + 4096]:
+        sys.exit(f"after the faults, a read at {off} is wrong")
+h.shutdown()
+print(f"{failed} reads of ranges whose L2 table could not be read failed with EIO")
+EOF2
+        fail "an L2 table that cannot be read"
+    stop_server
+    grep -qi "L2\|read" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "l2-read-error: the server said nothing"; }
+    echo "an L2 table that cannot be read: reads under it fail with EIO, and succeed once the storage recovers"
+fi

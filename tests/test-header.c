@@ -463,6 +463,14 @@ test_huge_sizes (void)
   f.size = (UINT64_C (1) << 61) + 1;
   parse_fails ("2^61 + 1 bytes", &f, 4096, 2 * C + 32 * MiB, "l1_size");
 
+  /* A size that is not a multiple of 512 is served in whole sectors,
+   * rounded down, as qemu serves it.
+   */
+  f = valid_v3 ();
+  f.size = 1 * MiB + 4;
+  if (parse_ok ("1 MiB + 4 bytes", &f, C, FILE_SIZE, &h))
+    CHECK_EQ (h.virtual_size, 1 * MiB);
+
   /* Near 2^63: an L1 table big enough would exceed 32 MiB. */
   f.l1_size = UINT32_MAX;
   f.size = INT64_MAX - C;

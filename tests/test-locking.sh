@@ -5,7 +5,8 @@
 # one file through a symlink in dir=) cannot both write, and the first
 # one's data survives; ours and qemu-nbd, qemu-io and qemu-img refuse
 # each other as two qemus would, with and without -r and -U; readers
-# share; a kill -9'd writer leaves the image free; qcow2-locking=off
+# share; two clients on one export keep the locks until both have left;
+# a kill -9'd writer leaves the image free; qcow2-locking=off
 # takes no locks; backing files are locked as qemu locks them.  Also:
 # a session that only reads through a writable export leaves the file
 # byte for byte as it was, and the first write then clears the autoclear
@@ -317,6 +318,43 @@ release one
 unserve a
 kill "${PIDS[q]}"; wait "${PIDS[q]}" 2>/dev/null || true
 echo "  granted: a force-share reader does not stand in a writer's way"
+
+# ------------------------------------------------------------ overlapping clients
+# Two clients on one writable export: when the first leaves, the second
+# still writes through the image, so its locks must stay; qemu-io is
+# refused while the second is connected.  The first one's close has
+# returned when its connection's threads are gone (nbdkit ends them
+# after the close callbacks): a break there cannot hide behind timing.
+threads_of () { ls "/proc/$1/task" | wc -l; }
+for form in filter plugin; do
+    section overlap-$form || continue
+    echo "$form: two clients on one writable export, the first leaves:"
+    new_image
+    serve a $form img.qcow2
+    before=$(threads_of "${PIDS[a]}")
+    hold one "$(uri a)" 0 0x100000 0xa1 || fail "overlap $form: the first client was refused"
+    one_threads=$(( $(threads_of "${PIDS[a]}") - before ))
+    hold two "$(uri a)" 0x100000 0x100000 0xa2 || fail "overlap $form: the second client was refused"
+    both=$(threads_of "${PIDS[a]}")
+    [ "$(lock_bytes img.qcow2)" = "100 101 103 201 203 " ] ||
+        fail "overlap $form: two clients lock bytes $(lock_bytes img.qcow2)"
+    release one
+    for (( i = 0; i < CALL_TIMEOUT * 10; i++ )); do
+        [ "$(threads_of "${PIDS[a]}")" -gt $(( both - one_threads )) ] || break
+        sleep 0.1
+    done
+    [ "$(threads_of "${PIDS[a]}")" -le $(( both - one_threads )) ] ||
+        fail "overlap $form: the first client's connection did not end"
+    [ "$(lock_bytes img.qcow2)" = "100 101 103 201 203 " ] ||
+        fail "overlap $form: with the second client still connected, the locks are bytes '$(lock_bytes img.qcow2)'"
+    qemu_refused "$W" qemu-io -f qcow2 -c "write -P 0x5e 0 64k" img.qcow2
+    release two
+    unserve a
+    qemu-io -r -f qcow2 -c "read -P 0xa1 0 1M" -c "read -P 0xa2 1M 1M" img.qcow2 > read.out ||
+        { cat read.out; fail "overlap $form: the clients' data is not there"; }
+    qemu-img check -q img.qcow2 || fail "overlap $form: qemu-img check"
+    echo "  the first client gone, the second connected: locks kept, qemu-io refused, both clients' data there"
+done
 
 # ------------------------------------------------------------ kill -9
 for form in filter plugin; do

@@ -13,7 +13,9 @@
 #     of compressed clusters (partial overwrite, write -z, discard);
 #   - images of virtual size 0;
 #   - a few images again with qcow2-threads=1, with both caches disabled
-#     and with qcow2-request-size=4096.
+#     and with qcow2-request-size=4096;
+#   - extended L2 entries (subclusters allocated, zero and unallocated),
+#     also through the plugin.
 # Each image is copied with nbdcopy (with and without extents) and read
 # with a seeded set of unaligned nbdsh preads.
 
@@ -168,7 +170,7 @@ EOF
 # check_image NAME IMAGE [FILTER PARAMETERS...]: serve IMAGE through the
 # filter, copy it with nbdcopy (using extents, then --no-extents), read it
 # with unaligned preads, and compare everything with qemu-img convert -O
-# raw of the same image.
+# raw of the same image.  CHECK_READ_ONLY=1 serves it read-only.
 check_image ()
 {
     local name=$1 img=$2 sock uri size cs nreads
@@ -181,7 +183,7 @@ check_image ()
     cs=$(qemu-img info -f qcow2 --output=json "$img" |
              sed -n 's/.*"cluster-size": \([0-9]*\).*/\1/p')
     [ -n "$cs" ] || fail "$name: no cluster size"
-    start_server "$sock" file "$img" "$@"
+    start_server "$sock" ${CHECK_READ_ONLY:+-r} file "$img" "$@"
     uri=$(nbd_uri "$sock")
     size=$(nbdinfo --size "$uri")
     [ "$size" -eq "$(stat -c %s "$ref")" ] ||
@@ -399,5 +401,33 @@ check_image "rewritten cluster=4096 zlib, all three" \
 check_image "qemu-io write -c cluster=2M zlib, 4 threads, tiny caches" \
     "$W/w-2097152-zlib.qcow2" qcow2-threads=4 qcow2-cluster-cache-size=1 \
     qcow2-l2-cache-size=1
+
+# ---------------------------------------------------- 6. extended L2 entries
+# Subclusters (extended_l2=on): each cluster's bitmap has an allocated
+# half and a zero half.  A converted image (whole clusters), then writes
+# and zeroes of parts of clusters over it and over unallocated ones, at
+# two cluster sizes; read by the filter (as above) and by the plugin.
+if section extended-l2; then
+    for cs in 16384 65536; do
+        img=$W/x-$cs.qcow2
+        make_raw "$W/x.raw" $((3 << 20)) $((cs * 3))
+        qemu-img convert -O qcow2 -o extended_l2=on,cluster_size=$cs "$W/x.raw" "$img"
+        qemu-io -f qcow2 \
+            -c "write -P 0x71 $((cs * 2 + 1024)) 1024" \
+            -c "write -z $((cs * 5 + cs / 4)) $((cs / 2))" \
+            -c "write -P 0x72 $((3 << 20)) 0" \
+            -c "write -P 0x73 $(( (2 << 20) + cs / 32 )) $((cs / 8))" \
+            -c "write -z $(( (2 << 20) + cs * 3 )) $((cs / 32))" \
+            -c "discard $((cs * 9 + cs / 2)) $((cs / 2))" \
+            "$img" > /dev/null
+        CHECK_READ_ONLY=1 check_image "extended L2 cluster=$cs" "$img"
+        qemu-img convert -f qcow2 -O raw "$img" "$W/ref.raw"
+        rm -f "$W/out.raw"
+        NBDKIT_TIMEOUT=120 run_nbdkit -U - -r "$PLUGIN" "$img" \
+            --run "nbdcopy \"\$uri\" $W/out.raw" || fail "extended L2 cluster=$cs: the plugin did not serve it"
+        cmp "$W/ref.raw" "$W/out.raw" || fail "extended L2 cluster=$cs: the plugin reads other data than qemu"
+        echo "ok: extended L2 cluster=$cs through the plugin"
+    done
+fi
 
 echo "test-read-matrix: all cases passed"

@@ -4,7 +4,8 @@
 # - every snapshot of an image qemu-img snapshot -c made (around a resize,
 #   one named like another's ID) served with qcow2-snapshot by name, by ID
 #   and in qemu's snapshot.id=/snapshot.name= form equals qemu-img convert
-#   -l's reading, in both forms; a missing one is refused listing those
+#   -l's reading, in both forms, and a bare selector is an ID before it is
+#   a name, as in qemu; a missing one is refused listing those
 #   there are; the image debug output lists them;
 # - random writes, zeroes and trims to the active layer of such images
 #   (64 KiB and 4 KiB clusters, v3 and v2, an encrypted one): qemu-img
@@ -78,6 +79,31 @@ qemu_snapshot snap.qcow2 1 one.raw
 qemu_snapshot snap.qcow2 2 two.raw
 cmp -s one.raw two.raw && fail "snapshots 1 and 2 read the same: the test image is wrong"
 echo "10 selectors (names, IDs, snapshot.id=/snapshot.name=): each served as qemu-img convert -l reads it; the plugin too"
+
+# A snapshot named like another's ID: "1" is snapshot 3's name and
+# snapshot 1's ID.  A bare selector is an ID first (qemu's rule), so "1"
+# is snapshot 1 ("base"), and only snapshot.name=1 is snapshot 3.
+if section id-before-name; then
+    qemu-img create -q -f qcow2 ids.qcow2 2M
+    qemu-io -c 'write -P 0x61 0 1M' ids.qcow2 > /dev/null
+    qemu-img snapshot -c base ids.qcow2
+    qemu-io -c 'write -P 0x62 0 1M' ids.qcow2 > /dev/null
+    qemu-img snapshot -c x ids.qcow2
+    qemu-io -c 'write -P 0x63 0 1M' ids.qcow2 > /dev/null
+    qemu-img snapshot -c 1 ids.qcow2
+    qemu-io -c 'write -P 0x64 0 1M' ids.qcow2 > /dev/null
+    qemu_snapshot ids.qcow2 1 id1.raw
+    qemu_snapshot ids.qcow2 snapshot.name=1 name1.raw
+    cmp -s id1.raw name1.raw && fail "id-before-name: qemu reads snapshot 1 and the one named 1 alike: the test image is wrong"
+    for form in filter plugin; do
+        for sel in 1 3 snapshot.id=1 snapshot.name=1; do
+            qemu_snapshot ids.qcow2 "$sel" want.raw
+            ours ids.qcow2 "$sel" got.raw "$form"
+            cmp want.raw got.raw || fail "id-before-name, $form: snapshot '$sel' differs from qemu-img convert -l"
+        done
+    done
+    echo "a snapshot named like another's ID: '1' is the ID (as qemu reads it), snapshot.name=1 the name, in both forms"
+fi
 
 # The snapshot's disk is served at the active disk's size, as qemu does.
 size=$(run_nbdkit -U - -r --filter="$FILTER" file snap.qcow2 qcow2-snapshot=base \
@@ -178,9 +204,7 @@ echo "plugin form: writes to the active layer, check clean, snapshots unchanged"
 
 # An encrypted image with snapshots: both at once.
 printf 'snap pass' > pass.txt
-qemu-img create -q -f qcow2 --object "secret,id=s0,file=$PWD/pass.txt" \
-    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10 enc.qcow2 3M ||
-    qemu-img create -q -f qcow2 --object "secret,id=s0,file=$PWD/pass.txt" \
+qemu_img_luks create -q -f qcow2 --object "secret,id=s0,file=$PWD/pass.txt" \
     -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10 enc.qcow2 3M
 EIMG="driver=qcow2,file.filename=$PWD/enc.qcow2,encrypt.key-secret=s0"
 QIO=(qemu-io --object "secret,id=s0,file=$PWD/pass.txt" --image-opts "$EIMG")

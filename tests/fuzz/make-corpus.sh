@@ -83,11 +83,9 @@ twofish ctr-plain 24 sha256 64
 cast5 ecb-plain64 16 ripemd160 32
 aes cbc-plain 32 sha224 16
 SEEDS
-for try in 1 2 3; do
-  qemu-img create -q -f qcow2 --object secret,id=s0,data=fuzz \
-    -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,encrypt.cipher-alg=aes-128,encrypt.cipher-mode=cbc,encrypt.ivgen-alg=essiv \
-    "$work/luks.qcow2" 1M && break
-done
+bash ../qemu-img-luks.sh create -q -f qcow2 --object secret,id=s0,data=fuzz \
+  -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,encrypt.cipher-alg=aes-128,encrypt.cipher-mode=cbc,encrypt.ivgen-alg=essiv \
+  "$work/luks.qcow2" 1M
 python3 - "$work/luks.qcow2" corpus-luks/qemu <<'PY'
 import struct, sys
 d = open(sys.argv[1], "rb").read()

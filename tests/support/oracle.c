@@ -65,6 +65,14 @@ run_command (const char *fmt, ...)
   return WIFEXITED (status) ? WEXITSTATUS (status) : -1;
 }
 
+const char *
+top_srcdir (void)
+{
+  const char *env = getenv ("top_srcdir");
+
+  return env && *env ? env : QCOW2ZSTD_TOP_SRCDIR;
+}
+
 bool
 have_command (const char *program)
 {

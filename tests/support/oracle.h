@@ -28,6 +28,11 @@ const char *scratch_dir (void);
 int run_command (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2)));
 
+/* The source tree, for the tests' scripts: $top_srcdir (make check sets
+ * it), else the one this was built from.
+ */
+const char *top_srcdir (void);
+
 /* Is PROGRAM on the PATH? */
 bool have_command (const char *program);
 

@@ -14,7 +14,8 @@
 
 const struct image_spec read_image_specs[] = {
   /* 512-byte clusters: 64 entries per L2 table, 4 tables, the second
-   * one absent (L1 entry 0); the last cluster is partial.
+   * one absent (L1 entry 0); the size field ends inside the last
+   * cluster, which is then not served (a disk is whole sectors).
    */
   { "v3, 512 B clusters, zlib", 3, 9, QCOW2_COMPRESSION_ZLIB, 209, 100,
     { { 0, 64 }, { 128, 209 } }, 11, NULL },
@@ -259,7 +260,7 @@ build (struct image *img)
   put32 (img->file + 0, 0x514649fb);
   put32 (img->file + 4, spec->version);
   put32 (img->file + 20, spec->cluster_bits);
-  put64 (img->file + 24, img->virtual_size);
+  put64 (img->file + 24, img->size_field);
   put32 (img->file + 36, img->l1_size);
   put64 (img->file + 40, img->l1_offset);
   put64 (img->file + 48, C);                    /* refcount table */
@@ -344,7 +345,8 @@ image_new (const struct image_spec *spec)
   img->spec = spec;
   img->cluster_size = UINT64_C (1) << spec->cluster_bits;
   img->nclusters = spec->nclusters;
-  img->virtual_size = spec->nclusters * img->cluster_size - spec->short_by;
+  img->size_field = spec->nclusters * img->cluster_size - spec->short_by;
+  img->virtual_size = img->size_field & ~UINT64_C (511);
   img->kind = xcalloc (img->nclusters, 1);
   img->content = xcalloc (img->nclusters, sizeof *img->content);
   img->entry = xcalloc (img->nclusters, sizeof *img->entry);

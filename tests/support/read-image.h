@@ -37,7 +37,7 @@ struct image_spec {
   unsigned cluster_bits;
   enum qcow2_compression compression;
   uint64_t nclusters;
-  uint64_t short_by;            /* virtual size = nclusters * C - short_by */
+  uint64_t short_by;            /* the header's size = nclusters * C - short_by */
   struct range populated[2];    /* clusters that may hold anything */
   uint64_t seed;
   /* If set, the kinds of all clusters, one letter each: '.' unallocated,
@@ -50,6 +50,10 @@ struct image_spec {
 struct image {
   const struct image_spec *spec;
   uint64_t cluster_size;
+  /* The header's size field, and the disk served: that size in whole
+   * 512-byte sectors, rounded down, as qemu serves it.
+   */
+  uint64_t size_field;
   uint64_t virtual_size;
   uint64_t nclusters;
   uint8_t *kind;                /* enum kind, per guest cluster */

@@ -27,6 +27,22 @@ unit_finish (void)
   return failures ? 1 : 0;
 }
 
+void
+unit_skip (void)
+{
+  unsigned long failures = atomic_load (&unit_failures);
+
+  if (failures) {
+    fprintf (stderr, "%lu of %lu checks failed before the skip: the test "
+             "fails (a failure never ends as a skip)\n", failures,
+             atomic_load (&unit_checks));
+    exit (1);
+  }
+  fprintf (stderr, "%lu checks passed before the skip\n",
+           atomic_load (&unit_checks));
+  exit (77);
+}
+
 bool
 unit_says (const char *message, const char *part)
 {

@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd unit test: the file the plugin form serves (qcow2-fileio.c)
+ * reaches the disk when it is flushed.
+ *
+ * The engine is driven over a real file as the plugin drives it (a
+ * growable image made by qcow2_create, written, flushed): every flush
+ * must end with fdatasync on that file after the last write to it, a
+ * FUA write too, and a failing fdatasync must fail the flush with its
+ * errno.  test-power-loss sees the same from crash states (a flush the
+ * plugin does not sync loses data there); this counts the calls.
+ *
+ * The calls are counted by this program's own fdatasync, fsync and
+ * pwrite, which take the place of libc's for the engine linked into it
+ * and pass each call on to the kernel (syscall (2)).
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "qcow2.h"
+#include "qcow2-fileio.h"
+#include "oracle.h"
+#include "session.h"
+#include "unit.h"
+#include "util.h"
+
+/* The file under test, and what was done to it, in order. */
+static int watched_fd = -1;
+static atomic_ulong syncs, writes;
+static atomic_ulong write_after_sync;   /* writes since the last sync */
+static atomic_int fail_syncs;           /* errno for the next syncs, or 0 */
+
+static int
+counted_sync (int fd, long nr)
+{
+  if (fd == watched_fd) {
+    int e = atomic_load (&fail_syncs);
+    if (e) {
+      errno = e;
+      return -1;
+    }
+    atomic_fetch_add (&syncs, 1);
+    atomic_store (&write_after_sync, 0);
+  }
+  return syscall (nr, fd);
+}
+
+int
+fdatasync (int fd)
+{
+  return counted_sync (fd, SYS_fdatasync);
+}
+
+int
+fsync (int fd)
+{
+  return counted_sync (fd, SYS_fsync);
+}
+
+ssize_t
+pwrite (int fd, const void *buf, size_t count, off_t offset)
+{
+  if (fd == watched_fd) {
+    atomic_fetch_add (&writes, 1);
+    atomic_fetch_add (&write_after_sync, 1);
+  }
+  return syscall (SYS_pwrite64, fd, buf, count, offset);
+}
+
+static void
+test_flushes_sync (void)
+{
+  char path[4200];
+  struct qcow2_io io;
+  struct qcow2_create_options c = {
+    .virtual_size = 8 * MiB, .cluster_bits = 16,
+    .compression_type = QCOW2_COMPRESSION_ZLIB,
+  };
+  struct qcow2_options opts = default_options;
+  struct session s;
+  uint8_t *buf = xmalloc (256 * KiB);
+  unsigned long before;
+  int fd, r;
+
+  snprintf (path, sizeof path, "%s/image.qcow2", scratch_dir ());
+  fd = open (path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+  CHECK (fd >= 0);
+  if (fd >= 0)
+    close (fd);
+  CHECK_EQ (qcow2_fileio_open (path, true, &io), 0);
+  watched_fd = qcow2_fileio_fd (&io);
+  opts.writable = true;
+  opts.growable = true;
+  memset (&s, 0, sizeof s);
+  session_log_init (&s);
+
+  mem_io_engine_call = true;
+  r = qcow2_create (&io, &s.qlog, &c, &opts, &s.img);
+  CHECK_EQ (r, 0);
+  if (r == 0)
+    s.conn = qcow2_conn_new (s.img);
+  CHECK (s.conn != NULL);
+  if (s.conn == NULL)
+    goto out;
+  /* qcow2-create made its tables and header durable. */
+  CHECK (atomic_load (&syncs) >= 2);
+  CHECK_EQ (atomic_load (&write_after_sync), 0);
+
+  /* Writes, then a flush: it ends with a sync after every write. */
+  fill_pattern (buf, 256 * KiB, 7);
+  CHECK_EQ (qcow2_write (s.conn, &io, buf, 256 * KiB, 1 * MiB, false), 0);
+  CHECK_EQ (qcow2_write (s.conn, &io, buf, 4 * KiB, 5 * MiB + 512, false), 0);
+  CHECK (atomic_load (&write_after_sync) > 0);
+  before = atomic_load (&syncs);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  CHECK (atomic_load (&syncs) > before);
+  CHECK_EQ (atomic_load (&write_after_sync), 0);
+
+  /* An overwrite in place with FUA: synced before it returns. */
+  before = atomic_load (&syncs);
+  CHECK_EQ (qcow2_write (s.conn, &io, buf + 512, 4096, 1 * MiB, true), 0);
+  CHECK (atomic_load (&syncs) > before);
+  CHECK_EQ (atomic_load (&write_after_sync), 0);
+
+  /* A new cluster with FUA: its metadata too. */
+  before = atomic_load (&syncs);
+  CHECK_EQ (qcow2_write (s.conn, &io, buf, 64 * KiB, 7 * MiB, true), 0);
+  CHECK (atomic_load (&syncs) > before);
+  CHECK_EQ (atomic_load (&write_after_sync), 0);
+
+  /* A sync that fails fails the flush with its errno, and the next
+   * flush, once the file recovers, syncs what the failed one left.
+   */
+  CHECK_EQ (qcow2_write (s.conn, &io, buf, 64 * KiB, 3 * MiB, false), 0);
+  atomic_store (&fail_syncs, EIO);
+  CHECK_EQ (qcow2_flush (s.img, &io), -EIO);
+  atomic_store (&fail_syncs, 0);
+  before = atomic_load (&syncs);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  CHECK (atomic_load (&syncs) > before);
+  CHECK_EQ (atomic_load (&write_after_sync), 0);
+  mem_io_engine_call = false;
+
+  /* And qemu reads what was written. */
+  qcow2_conn_free (s.conn);
+  s.conn = NULL;
+  mem_io_engine_call = true;
+  qcow2_image_close (s.img);
+  mem_io_engine_call = false;
+  s.img = NULL;
+  r = run_command ("qemu-img check -q '%s'", path);
+  CHECK (r == 0 || r == 3);             /* leaks after the failed sync */
+  CHECK_EQ (run_command ("qemu-io -r -f qcow2 -c 'read -P 0x%02x 7340032 1' "
+                         "'%s' > /dev/null", buf[0], path), 0);
+
+ out:
+  if (s.conn)
+    qcow2_conn_free (s.conn);
+  if (s.img)
+    qcow2_image_close (s.img);
+  watched_fd = -1;
+  qcow2_fileio_close (&io);
+  CHECK (s.log.errors >= 1);            /* the failed sync was said */
+  free (buf);
+}
+
+int
+main (void)
+{
+  if (!have_command ("qemu-img") || !have_command ("qemu-io"))
+    UNIT_SKIP ("qemu-img or qemu-io not found");
+  scratch_dir_make ();
+  test_flushes_sync ();
+  return unit_finish ();
+}
