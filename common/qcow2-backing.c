@@ -213,7 +213,11 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
     r = qcow2_lock_fd (qcow2_fileio_fd (&b->io), b->path,
                        qcow2_lock_perms_for (false, img->opts.locking),
                        lock_err, sizeof lock_err);
-    if (r < 0) {
+    if (r < 0 && qcow2_lock_unsupported (r) &&
+        img->opts.locking == QCOW2_LOCK_AUTO)
+      qcow2_debug (img, "backing file: %s: read without a lock "
+                   "(qcow2-locking=auto)", lock_err);
+    else if (r < 0) {
       qcow2_error (img, "backing file: %s", lock_err);
       return r;
     }
@@ -292,4 +296,19 @@ qcow2_backing_close (struct qcow2_image *img)
   img->backing = NULL;
   img->read_backing = NULL;
   img->backing_extents = NULL;
+}
+
+int
+qcow2_image_backing_files (const struct qcow2_image *img,
+                           int (*fn) (void *opaque, const char *path),
+                           void *opaque)
+{
+  int r;
+
+  for (; img && img->backing; img = img->backing->img) {
+    r = fn (opaque, img->backing->path);
+    if (r != 0)
+      return r;
+  }
+  return 0;
 }

@@ -325,8 +325,10 @@ params_config (const char *key, const char *value)
       engine_options.locking = QCOW2_LOCK_ON;
     else if (strcmp (value, "off") == 0)
       engine_options.locking = QCOW2_LOCK_OFF;
+    else if (strcmp (value, "auto") == 0)
+      engine_options.locking = QCOW2_LOCK_AUTO;
     else {
-      nbdkit_error ("%s: '%s' is neither on nor off", key, value);
+      nbdkit_error ("%s: '%s' is not on, auto or off", key, value);
       return -1;
     }
     return 0;
