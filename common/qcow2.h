@@ -48,6 +48,12 @@ struct qcow2_options {
   int compression_level;          /* the codec's level; 0: its default */
   const char *backing_path;       /* the backing file, overriding the header */
   const char *image_dir;          /* where relative backing names start */
+  /* The directories (absolute, symbolic links resolved, NULL-terminated)
+   * that a backing file named in an image header may be in, at any
+   * depth of the chain (qcow2-backing.h); NULL: none, and only
+   * backing_path is opened.
+   */
+  const char *const *backing_dirs;
   unsigned backing_depth;         /* 0; the engine counts the chain */
   bool growable;                  /* writes may extend the storage */
   enum qcow2_discard discard;
