@@ -550,6 +550,24 @@ requires_nbd_python ()
     PYTHON=python3
 }
 
+# qemu_img_luks ARGS...: qemu-img for a command that makes a LUKS key
+# slot, whose PBKDF benchmark now and then fails on a busy machine
+# ("Unable to get accurate CPU usage"): tried again then, up to five
+# times.  Its output goes to stdout (stderr when it fails).
+qemu_img_luks ()
+{
+    local i out
+    for i in 1 2 3 4 5; do
+        if out=$(qemu-img "$@" 2>&1); then
+            [ -z "$out" ] || echo "$out"
+            return 0
+        fi
+        grep -q "accurate CPU usage" <<<"$out" || { echo "$out" >&2; return 1; }
+    done
+    echo "$out" >&2
+    return 1
+}
+
 # mixed_disk FILE SIZE SEED: a disk of SIZE bytes made of random, text
 # and zero regions of up to 300000 bytes, the same for the same SEED.
 mixed_disk ()

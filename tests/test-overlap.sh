@@ -37,21 +37,6 @@ echo -n "overlap secret" > pass.txt
 SECRET=(--object "secret,id=s0,file=$PWD/pass.txt")
 C=65536
 
-# qemu_img_luks ARGS...: qemu-img, tried again when its PBKDF2 timing
-# fails on a loaded machine ("Unable to get accurate CPU usage").
-qemu_img_luks ()
-{
-    local i out
-    for i in 1 2 3 4 5 6 7 8; do
-        if out=$(qemu-img "$@" 2>&1); then
-            return 0
-        fi
-        grep -q "accurate CPU usage" <<<"$out" || { echo "$out" >&2; return 1; }
-    done
-    echo "$out" >&2
-    return 1
-}
-
 # qemu_io BASE IMAGE ARGS...: qemu-io on IMAGE (decrypted for luks).
 qemu_io ()
 {
@@ -152,18 +137,35 @@ if "Marking image as corrupt" not in new:
 print("; ".join(wrong))
 EOF
 
+# shapes: the shapes this run tries (all, or those of OVERLAP_SHAPES),
+# one line each as overlap-shapes.py prints them.
+selected=" ${OVERLAP_SHAPES:-} "
+shapes ()
+{
+    "${SHAPES_PY[@]}" shapes | while read -r name rest; do
+        [ "$selected" = "  " ] || [[ $selected == *" $name "* ]] || continue
+        echo "$name $rest"
+    done
+}
+
+# damaged DIR NAME BASE: DIR/NAME.qcow2, the base damaged as shape NAME,
+# and a copy of it, DIR/NAME.qcow2.damaged.
+damaged ()
+{
+    mkdir -p "$1"
+    cp "$3.qcow2" "$1/$2.qcow2"
+    "${SHAPES_PY[@]}" damage "$1/$2.qcow2" "$2" > /dev/null
+    cp "$1/$2.qcow2" "$1/$2.qcow2.damaged"
+}
+
 # ------------------------------------------------------------ the oracle
 # The claim of every shape about qemu, checked: what qemu-io does with
 # the write, and how qemu refuses the image afterwards when it marked it.
 declare -A QEMU_REFUSAL
 failures=()
-selected=" ${OVERLAP_SHAPES:-} "
-mkdir oracle
 while read -r name base off len redirected claim; do
-    [ "$selected" = "  " ] || [[ $selected == *" $name "* ]] || continue
+    damaged oracle "$name" $base
     img=oracle/$name.qcow2
-    cp $base.qcow2 "$img"
-    "${SHAPES_PY[@]}" damage "$img" "$name" > /dev/null
     out=$(qemu_io $base "$img" -c "write -P 0x5a $off $len" 2>&1 || true)
     if [[ $out =~ Marking\ image\ as\ corrupt:\ Preventing\ invalid\ write\ on\ metadata\ \(overlaps\ with\ ([^\)]*)\) ]]; then
         structure=${BASH_REMATCH[1]}
@@ -190,7 +192,7 @@ while read -r name base off len redirected claim; do
         QEMU_REFUSAL[$name]=${refusal//$img/IMAGE}
     fi
     echo "qemu $name: $seen"
-done < <("${SHAPES_PY[@]}" shapes)
+done < <(shapes)
 
 # ------------------------------------------------------------ ours
 # judge FORM NAME BASE IMG REDIRECTED WRONG: the file, qemu's reading of
@@ -236,41 +238,31 @@ judge ()
 }
 
 # The filter: one server for every shape, over the file plugin's dir=.
-mkdir filter
 while read -r name base off len redirected claim; do
-    [ "$selected" = "  " ] || [[ $selected == *" $name "* ]] || continue
-    cp $base.qcow2 filter/$name.qcow2
-    "${SHAPES_PY[@]}" damage filter/$name.qcow2 "$name" > /dev/null
-    cp filter/$name.qcow2 filter/$name.qcow2.damaged
-done < <("${SHAPES_PY[@]}" shapes)
+    damaged filter "$name" $base
+done < <(shapes)
 start_server "$PWD/filter.sock" file dir="$PWD/filter" qcow2-passphrase=+pass.txt
 declare -A WRONG
 while read -r name base off len redirected claim; do
-    [ -e filter/$name.qcow2 ] || continue
     WRONG[$name]=$(python3 client.py "$PWD/filter.sock" $name.qcow2 "$PWD/filter.sock.log" \
                    "$off" "$len" "$redirected" $base.raw) || WRONG[$name]="the client failed"
-done < <("${SHAPES_PY[@]}" shapes)
+done < <(shapes)
 stop_server
 while read -r name base off len redirected claim; do
-    [ -e filter/$name.qcow2 ] || continue
     judge filter "$name" $base filter/$name.qcow2 "$redirected" "${WRONG[$name]}"
-done < <("${SHAPES_PY[@]}" shapes)
+done < <(shapes)
 
 # The plugin form: a server for each.
-mkdir plugin
 while read -r name base off len redirected claim; do
-    [ "$selected" = "  " ] || [[ $selected == *" $name "* ]] || continue
+    damaged plugin "$name" $base
     img=plugin/$name.qcow2
-    cp $base.qcow2 "$img"
-    "${SHAPES_PY[@]}" damage "$img" "$name" > /dev/null
-    cp "$img" "$img.damaged"
     start_nbdkit "$PWD/plugin.sock" "$PLUGIN" "$img" qcow2-passphrase=+pass.txt ||
         fail "plugin $name: nbdkit did not start"
     wrong=$(python3 client.py "$PWD/plugin.sock" "" "$PWD/plugin.sock.log" \
             "$off" "$len" "$redirected" $base.raw) || wrong="the client failed"
     stop_server
     judge plugin "$name" $base "$img" "$redirected" "$wrong"
-done < <("${SHAPES_PY[@]}" shapes)
+done < <(shapes)
 
 if [ ${#failures[@]} -gt 0 ]; then
     printf '  %s\n' "${failures[@]}"
