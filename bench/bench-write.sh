@@ -48,8 +48,9 @@
 #   BENCH_SLOW_RUNTIME=S      seconds per fio run there (20, quick 8)
 #   BENCH_SLOW_RUNS=N         repetitions in the slow section (default 1)
 #   BENCH_FILTER2=PATH        a second build of the filter (say, main's),
-#                             measured as one more contender in the slow
-#                             section, next to this one
+#                             measured as one more contender, next to this
+#                             one, in every workload and in the slow
+#                             section, with the ratio of the two
 #   BENCH_KEEP=1              keep the run directory (images, logs)
 #   FILTER=PATH               the filter .so (default: this build tree)
 #
@@ -108,7 +109,14 @@ declare -A W_TITLE=([rand4k-qd1]="4 KiB random writes, QD1"
                     [rand4k-qd16]="4 KiB random writes, QD16"
                     [seq1m-qd4]="1 MiB sequential writes, QD4")
 CONTENDERS=(filter qemu)
-declare -A LABEL=([filter]="qcow2zstd filter" [qemu]="qemu-nbd")
+declare -A LABEL=([filter]="qcow2zstd filter" [filter2]="qcow2zstd (2)" [qemu]="qemu-nbd")
+: "${BENCH_FILTER2:=}"
+if [ -n "$BENCH_FILTER2" ]; then
+    [ -f "$BENCH_FILTER2" ] || die "BENCH_FILTER2: no such file: $BENCH_FILTER2"
+    cp -f "$BENCH_FILTER2" "$RUN_DIR/filter2.so"
+    FILTER2=$RUN_DIR/filter2.so
+    CONTENDERS=(filter filter2 qemu)
+fi
 BENCH_FAILED=0
 CAPPED_RUNS=0
 
@@ -143,6 +151,8 @@ reproducer () # KIND WORKLOAD
     local srv
     if [ "$1" = filter ]; then
         srv="nbdkit -f -U SOCK --filter=$FILTER_ORIG file img.qcow2 ${FILTER_ARGS[*]}"
+    elif [ "$1" = filter2 ]; then
+        srv="nbdkit -f -U SOCK --filter=$BENCH_FILTER2 file img.qcow2 ${FILTER_ARGS[*]}"
     else
         srv="qemu-nbd -f qcow2 --cache=writeback --persistent -k SOCK img.qcow2"
     fi
@@ -189,6 +199,8 @@ measure ()
     a0=$(alloc_bytes "$img")
     if [ "$kind" = filter ]; then
         start_server "$name" filter "$img" "${FILTER_ARGS[@]}"
+    elif [ "$kind" = filter2 ]; then
+        FILTER=$FILTER2 start_server "$name" filter "$img" "${FILTER_ARGS[@]}"
     else
         start_qemu_rw "$name" "$img"
     fi
@@ -272,15 +284,24 @@ report () # WORKLOAD
     printf '  ratio filter/qemu-nbd: IOPS %s, server CPU %s, file growth %s\n' "$(fmt 2 "$(ratio "$f" "$q")")" \
         "$(fmt 2 "$(ratio "$(col_median "$d.filter" 7)" "$(col_median "$d.qemu" 7)")")" \
         "$(fmt 2 "$(ratio "$(col_median "$d.filter" 8)" "$(col_median "$d.qemu" 8)")")"
-    printf '  checks: qemu-img check after every run: filter %s, qemu-nbd %s; data vs reference: filter %s, qemu-nbd %s\n' \
-        "${CHECK_RESULT[filter-$w]:-not run}" "${CHECK_RESULT[qemu-$w]:-not run}" \
-        "${COMPARE_RESULT[filter-$w]:-not checked}${COMPARE_COUNT[filter-$w]:+ (${COMPARE_COUNT[filter-$w]} runs)}" \
-        "${COMPARE_RESULT[qemu-$w]:-not checked}${COMPARE_COUNT[qemu-$w]:+ (${COMPARE_COUNT[qemu-$w]} runs)}"
+    if [ -n "$BENCH_FILTER2" ]; then
+        printf '  ratio filter/filter (2): IOPS %s, server CPU %s\n' \
+            "$(fmt 3 "$(ratio "$f" "$(col_median "$d.filter2" 1)")")" \
+            "$(fmt 3 "$(ratio "$(col_median "$d.filter" 7)" "$(col_median "$d.filter2" 7)")")"
+    fi
+    for k in "${CONTENDERS[@]}"; do
+        printf '  checks, %s: qemu-img check after every run %s; data vs reference %s\n' "${LABEL[$k]}" \
+            "${CHECK_RESULT[$k-$w]:-not run}" \
+            "${COMPARE_RESULT[$k-$w]:-not checked}${COMPARE_COUNT[$k-$w]:+ (${COMPARE_COUNT[$k-$w]} runs)}"
+    done
     SUMMARY+=("$(printf '%-30s %11s %10s %8s %14s %14s' "${W_TITLE[$w]}" \
         "$(fmt 0 "$f")" "$(fmt 0 "$q")" "$(fmt 2 "$(ratio "$f" "$q")")" \
         "$(fmt 1 "$(col_median "$d.filter" 2)")/$(fmt 1 "$(col_median "$d.qemu" 2)")" \
         "$(fmt 1 "$(col_median "$d.filter" 8)")/$(fmt 1 "$(col_median "$d.qemu" 8)")")")
     target "${W_TITLE[$w]}: filter/qemu-nbd IOPS" "$(ratio "$f" "$q")" ">=" 1.0
+    [ -z "$BENCH_FILTER2" ] ||
+        target "${W_TITLE[$w]}: filter/filter (2) IOPS" \
+            "$(ratio "$f" "$(col_median "$d.filter2" 1)")" ">=" 0.97
 }
 SUMMARY=()
 
@@ -295,7 +316,6 @@ else
     : "${BENCH_SLOW_RUNTIME:=20}"
 fi
 : "${BENCH_SLOW_DELAY:=1ms}"
-: "${BENCH_FILTER2:=}"
 SLOW_JOBS=(randread randwrite randrw)
 SLOW_KINDS=(raw filter qemu)
 declare -A SLOW_LABEL=([raw]="raw disk" [filter]="qcow2zstd" [filter2]="qcow2zstd (2)"
@@ -418,12 +438,7 @@ slow_section ()
 {
     local dev job kind rep order
     slow_images
-    [ -z "$BENCH_FILTER2" ] || {
-        [ -f "$BENCH_FILTER2" ] || die "BENCH_FILTER2: no such file: $BENCH_FILTER2"
-        cp -f "$BENCH_FILTER2" "$RUN_DIR/filter2.so"
-        FILTER2=$RUN_DIR/filter2.so
-        SLOW_KINDS=(raw filter filter2 qemu)
-    }
+    [ -z "$BENCH_FILTER2" ] || SLOW_KINDS=(raw filter filter2 qemu)
     # Working copies: the writes go in place, so every contender sees
     # the same fully allocated layout.
     SLOW_WORK_RAW=$RUN_DIR/slow-raw.img
@@ -510,6 +525,7 @@ RAN=()
 if [ "$COMPRESSED" = 1 ]; then
     echo "Runs: $BENCH_RUNS per workload, contenders alternating (and which goes first alternating)"
     echo "Servers: nbdkit -U SOCK --filter=qcow2zstd file IMG ${FILTER_ARGS[*]} | qemu-nbd -f qcow2 --cache=writeback --persistent -k SOCK IMG; Unix sockets; one fresh server and image copy per run"
+    [ -z "$BENCH_FILTER2" ] || echo "qcow2zstd (2): $BENCH_FILTER2 (sha256 $(sha256sum "$FILTER2" | cut -c1-12)...), the same command with that filter"
     echo "Client: fio --ioengine=nbd, 1 connection, --end_fsync=1 (the flush is inside fio's timing), written data = block offset pattern"
     ensure_images
     VSIZE=$(stat -c %s "$RAW_IMG")
@@ -545,7 +561,9 @@ print("%.0f%% allocated (compressed) data" % (100.0 * data / end))' "$REGION")"
         RAN+=("$w")
         for rep in $(seq "$BENCH_RUNS"); do
             msg "$w: repetition $rep/$BENCH_RUNS"
-            if [ $((rep % 2)) = 1 ]; then order=(filter qemu); else order=(qemu filter); fi
+            # Which contender goes first turns with every repetition.
+            n=${#CONTENDERS[@]}
+            order=("${CONTENDERS[@]:rep % n}" "${CONTENDERS[@]:0:rep % n}")
             for k in "${order[@]}"; do
                 measure "$RES_DIR/$w.$k" "$w" "$k" "$rep"
             done

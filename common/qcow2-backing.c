@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "qcow2-backing.h"
 #include "qcow2-conn.h"
@@ -46,31 +47,127 @@ find_format (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)
   return 1;
 }
 
+/* qemu takes a name with a colon before its first slash for a protocol
+ * ("nbd:", "http://", "json:{...}"), not for a file.
+ */
+static bool
+names_protocol (const char *name)
+{
+  return name[strcspn (name, ":/")] == ':';
+}
+
+static bool
+inside_dir (const char *path, const char *dir)
+{
+  size_t n = strlen (dir);
+
+  if (strcmp (dir, "/") == 0)
+    return true;
+  return strncmp (path, dir, n) == 0 && path[n] == '/';
+}
+
+/* The allowed directories, for a message: "DIR, DIR" or a sentence. */
+static void
+list_dirs (const char *const *dirs, char *buf, size_t len)
+{
+  size_t used = 0;
+
+  buf[0] = '\0';
+  for (; dirs && *dirs && used < len; dirs++)
+    used += snprintf (buf + used, len - used, "%s%s", used ? ", " : "", *dirs);
+  if (buf[0] == '\0')
+    snprintf (buf, len, "none: the served image's directory is not known");
+}
+
+/* JOINED, the header's NAME taken from the image's directory, must lead
+ * (symbolic links resolved) to a regular file inside one of the allowed
+ * directories; *PATH is set to where it leads.  0, or -errno after
+ * saying which file, the header's name for it, and what allows it.
+ */
+static int
+check_allowed (struct qcow2_image *img, const char *name, const char *joined,
+               char **path)
+{
+  const char *const *dirs = img->opts.backing_dirs;
+  char *real = realpath (joined, NULL), *slash, allowed[512];
+  struct stat st;
+  int err;
+
+  if (real == NULL || stat (real, &st) == -1) {
+    err = errno;
+    qcow2_error (img, "cannot open the backing file %s (named '%s' in the "
+                 "image): %s", real ? real : joined, name, strerror (err));
+    free (real);
+    return -err;
+  }
+  if (!S_ISREG (st.st_mode)) {
+    qcow2_error (img, "the backing file %s (named '%s' in the image) is not "
+                 "a regular file: only regular files are opened as backing "
+                 "files named in an image (qcow2-backing=PATH names one "
+                 "explicitly)", real, name);
+    free (real);
+    return -EPERM;
+  }
+  for (; dirs && *dirs; dirs++)
+    if (inside_dir (real, *dirs)) {
+      *path = real;
+      return 0;
+    }
+  list_dirs (img->opts.backing_dirs, allowed, sizeof allowed);
+  slash = strrchr (real, '/');
+  qcow2_error (img, "the backing file %s (named '%s' in the image) is "
+               "outside the directories backing files may be opened from "
+               "(%s): qcow2-backing-dir=%.*s allows it, or "
+               "qcow2-backing=PATH names the backing file", real, name,
+               allowed, (int) (slash == real ? 1 : slash - real), real);
+  free (real);
+  return -EPERM;
+}
+
 /* Where the backing file is: the override if given, else the header's
- * name, relative names taken from the image's own directory.
+ * name, relative names taken from the image's own directory, if the
+ * name may be opened at all.
  */
 static int
 resolve_path (struct qcow2_image *img, const char *name, char **path)
 {
   const char *dir = img->opts.image_dir;
+  char *joined = NULL;
+  int r;
 
-  if (img->opts.backing_path)
+  *path = NULL;
+  if (img->opts.backing_path) {
     *path = strdup (img->opts.backing_path);
-  else if (name[0] == '/')
-    *path = strdup (name);
+    if (*path == NULL) {
+      qcow2_error (img, "out of memory");
+      return -ENOMEM;
+    }
+    return 0;
+  }
+  if (names_protocol (name)) {
+    qcow2_error (img, "the backing file name '%s' is a protocol or json: "
+                 "name, which only qemu opens: refused (only files are "
+                 "opened as backing files; qcow2-backing=PATH names one)",
+                 name);
+    return -EPERM;
+  }
+  if (name[0] == '/')
+    joined = strdup (name);
   else if (dir == NULL) {
     qcow2_error (img, "the image has a backing file '%s' with a relative "
                  "name and the engine does not know the image's directory; "
                  "give its path with qcow2-backing=PATH", name);
     return -EINVAL;
   }
-  else if (asprintf (path, "%s/%s", dir, name) == -1)
-    *path = NULL;
-  if (*path == NULL) {
+  else if (asprintf (&joined, "%s/%s", dir, name) == -1)
+    joined = NULL;
+  if (joined == NULL) {
     qcow2_error (img, "out of memory");
     return -ENOMEM;
   }
-  return 0;
+  r = check_allowed (img, name, joined, path);
+  free (joined);
+  return r;
 }
 
 /* How many of the LEN bytes at OFFSET of the backing disk lie inside it:
@@ -213,7 +310,11 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
     r = qcow2_lock_fd (qcow2_fileio_fd (&b->io), b->path,
                        qcow2_lock_perms_for (false, img->opts.locking),
                        lock_err, sizeof lock_err);
-    if (r < 0) {
+    if (r < 0 && qcow2_lock_unsupported (r) &&
+        img->opts.locking == QCOW2_LOCK_AUTO)
+      qcow2_debug (img, "backing file: %s: read without a lock "
+                   "(qcow2-locking=auto)", lock_err);
+    else if (r < 0) {
       qcow2_error (img, "backing file: %s", lock_err);
       return r;
     }
@@ -292,4 +393,19 @@ qcow2_backing_close (struct qcow2_image *img)
   img->backing = NULL;
   img->read_backing = NULL;
   img->backing_extents = NULL;
+}
+
+int
+qcow2_image_backing_files (const struct qcow2_image *img,
+                           int (*fn) (void *opaque, const char *path),
+                           void *opaque)
+{
+  int r;
+
+  for (; img && img->backing; img = img->backing->img) {
+    r = fn (opaque, img->backing->path);
+    if (r != 0)
+      return r;
+  }
+  return 0;
 }

@@ -8,6 +8,16 @@
  * read-only by the engine itself, and is read in the calling thread.
  * Past its end it reads as zeros.
  *
+ * Which files: the header names its backing file, and a hostile image
+ * could name any file of the server (or a device, or a json: or
+ * protocol name that qemu would open).  A name is opened only if it is
+ * a plain file name (no colon before its first slash, as qemu tells a
+ * protocol prefix) and leads, once symbolic links are resolved, to a
+ * regular file inside one of opts.backing_dirs (the served image's
+ * directory and those the user added); otherwise the image is refused,
+ * naming the file, the header's name and the parameter that allows it.
+ * opts.backing_path, which the user names, is opened as it is.
+ *
  * Its map: a qcow2 backing file reports what its own chain reports, a
  * raw one its holes (SEEK_DATA/SEEK_HOLE) as zeros and the rest as data,
  * and past its end the disk is zeros.

@@ -74,6 +74,16 @@ byte_taken (int fd, int offset)
 }
 
 static void
+unlock_bytes (int fd, int base, unsigned bits)
+{
+  unsigned i;
+
+  for (i = 0; i < PERM_BITS; ++i)
+    if (bits & (1u << i))
+      set_byte (fd, F_UNLCK, base + i);
+}
+
+static void
 unlock_all (int fd)
 {
   struct flock fl = {
@@ -90,7 +100,8 @@ unsupported (char *errbuf, size_t errlen, const char *path, int err)
 {
   snprintf (errbuf, errlen, "cannot lock the image %s: %s (the filesystem "
             "may not support open file description locks; "
-            "qcow2-locking=off serves it without locks)",
+            "qcow2-locking=auto serves it without locks where they fail "
+            "so, qcow2-locking=off takes none at all)",
             path, strerror (err));
 }
 
@@ -192,6 +203,36 @@ qcow2_lock_fd (int fd, const char *path, struct qcow2_lock_perms perms,
   if (r < 0)
     unlock_all (fd);
   return r;
+}
+
+int
+qcow2_lock_upgrade (int fd, const char *path, struct qcow2_lock_perms from,
+                    struct qcow2_lock_perms to, char *errbuf, size_t errlen)
+{
+  unsigned held = to.held & ~from.held;
+  unsigned unshared = ~to.shared & from.shared & QCOW2_PERM_ALL;
+  int r;
+
+  r = take_bytes (fd, path, QCOW2_LOCK_PERM_BASE, held, errbuf, errlen);
+  if (r == 0)
+    r = take_bytes (fd, path, QCOW2_LOCK_SHARED_BASE, unshared,
+                    errbuf, errlen);
+  if (r == 0)
+    r = check_conflicts (fd, path, to, errbuf, errlen);
+  if (r < 0) {
+    /* Only the bytes this call took: the caller goes on holding FROM,
+     * and unlock_all would leave the image unlocked under it.
+     */
+    unlock_bytes (fd, QCOW2_LOCK_PERM_BASE, held);
+    unlock_bytes (fd, QCOW2_LOCK_SHARED_BASE, unshared);
+  }
+  return r;
+}
+
+bool
+qcow2_lock_unsupported (int r)
+{
+  return r != -EAGAIN && r < 0;
 }
 
 /* Only regular files and block devices are images; opening anything

@@ -41,6 +41,11 @@ enum qcow2_lock_policy {
   QCOW2_LOCK_ON = 0,            /* as qemu with locking=on (the default) */
   QCOW2_LOCK_FORCE_SHARE,       /* as qemu-img -U: read, share everything */
   QCOW2_LOCK_OFF,               /* as qemu with locking=off: no locks */
+  /* As qemu's locking=auto: the locks of QCOW2_LOCK_ON where the file
+   * system has them; where it has none (qcow2_lock_unsupported), the
+   * caller goes on without, saying so.
+   */
+  QCOW2_LOCK_AUTO,
 };
 
 struct qcow2_lock_perms {
@@ -54,7 +59,8 @@ struct qcow2_lock_perms {
  * unchanged; opened read-only (qemu-nbd -r, qemu-img info, and every
  * backing file), it holds consistent read and shares the same; with
  * force share (qemu-img -U), it holds consistent read and shares
- * everything.  POLICY QCOW2_LOCK_OFF gives no permissions at all.
+ * everything.  POLICY QCOW2_LOCK_OFF gives no permissions at all;
+ * QCOW2_LOCK_AUTO those of QCOW2_LOCK_ON.
  */
 struct qcow2_lock_perms qcow2_lock_perms_for (bool writable,
                                               enum qcow2_lock_policy policy);
@@ -72,6 +78,22 @@ struct qcow2_lock_perms qcow2_lock_perms_for (bool writable,
  */
 int qcow2_lock_fd (int fd, const char *path, struct qcow2_lock_perms perms,
                    char *errbuf, size_t errlen);
+
+/* Make the locks FD holds for FROM (taken by qcow2_lock_fd) those of
+ * TO, which holds and refuses to share at least as much (reading to
+ * writing): the bytes TO adds are taken, then the conflicts of TO
+ * tested.  0, or as qcow2_lock_fd; on failure FD holds FROM's locks
+ * as before.
+ */
+int qcow2_lock_upgrade (int fd, const char *path, struct qcow2_lock_perms from,
+                        struct qcow2_lock_perms to,
+                        char *errbuf, size_t errlen);
+
+/* Whether R, a failure of qcow2_lock_fd or qcow2_lock_upgrade, says
+ * that the file system cannot lock (rather than that someone holds the
+ * image): what QCOW2_LOCK_AUTO goes on without locks for.
+ */
+bool qcow2_lock_unsupported (int r);
 
 /* Open PATH read-only, for holding locks on it (the filter does this
  * for the file that a plugin under it serves), set *FD and *SIZE (its

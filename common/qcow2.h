@@ -48,6 +48,12 @@ struct qcow2_options {
   int compression_level;          /* the codec's level; 0: its default */
   const char *backing_path;       /* the backing file, overriding the header */
   const char *image_dir;          /* where relative backing names start */
+  /* The directories (absolute, symbolic links resolved, NULL-terminated)
+   * that a backing file named in an image header may be in, at any
+   * depth of the chain (qcow2-backing.h); NULL: none, and only
+   * backing_path is opened.
+   */
+  const char *const *backing_dirs;
   unsigned backing_depth;         /* 0; the engine counts the chain */
   bool growable;                  /* writes may extend the storage */
   enum qcow2_discard discard;
@@ -149,6 +155,14 @@ int qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
 
 const struct qcow2_header *qcow2_image_header (const struct qcow2_image *image);
 bool qcow2_image_writable (const struct qcow2_image *image);
+/* Call FN with the path of each backing file that IMAGE opened: its own,
+ * then that one's, down the chain.  Stops at the first nonzero result
+ * of FN and returns it; 0 when every call returned 0 (or there is no
+ * backing file).
+ */
+int qcow2_image_backing_files (const struct qcow2_image *image,
+                               int (*fn) (void *opaque, const char *path),
+                               void *opaque);
 void qcow2_image_get_stats (struct qcow2_image *image,
                             struct qcow2_stats *stats);
 

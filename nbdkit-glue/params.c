@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "nbdkit.h"
@@ -118,6 +119,14 @@ parse_size_param (const char *key, const char *value, uint64_t min,
 static char *image_dir;
 static char *image_file;        /* file=, resolved; NULL with dir= */
 
+/* Where backing files named in headers may be: the image's directory,
+ * then each qcow2-backing-dir=, resolved; NULL-terminated for the
+ * engine (engine_options.backing_dirs), built by params_complete.
+ */
+static char **extra_backing_dirs;
+static size_t nr_extra_backing_dirs;
+static const char **backing_dirs;
+
 static void
 note_image_path (const char *key, const char *value)
 {
@@ -155,9 +164,64 @@ params_local_image (const char *exportname)
   return path;
 }
 
+/* qcow2-backing-dir=DIR: another directory backing files may be in. */
+static int
+add_backing_dir (const char *value)
+{
+  char *dir = realpath (value, NULL), **more;
+  struct stat st;
+
+  if (dir == NULL || stat (dir, &st) == -1) {
+    nbdkit_error ("qcow2-backing-dir: %s: %m", value);
+    free (dir);
+    return -1;
+  }
+  if (!S_ISDIR (st.st_mode)) {
+    nbdkit_error ("qcow2-backing-dir: %s is not a directory", value);
+    free (dir);
+    return -1;
+  }
+  more = realloc (extra_backing_dirs,
+                  (nr_extra_backing_dirs + 1) * sizeof *more);
+  if (more == NULL) {
+    nbdkit_error ("qcow2-backing-dir: out of memory");
+    free (dir);
+    return -1;
+  }
+  extra_backing_dirs = more;
+  extra_backing_dirs[nr_extra_backing_dirs++] = dir;
+  return 0;
+}
+
+/* engine_options.backing_dirs, once file= or dir= is known. */
+static int
+settle_backing_dirs (void)
+{
+  size_t i, n = 0;
+
+  free (backing_dirs);
+  backing_dirs = calloc (nr_extra_backing_dirs + 2, sizeof *backing_dirs);
+  if (backing_dirs == NULL) {
+    nbdkit_error ("qcow2zstd: out of memory");
+    return -1;
+  }
+  if (image_dir)
+    backing_dirs[n++] = image_dir;
+  for (i = 0; i < nr_extra_backing_dirs; i++)
+    backing_dirs[n++] = extra_backing_dirs[i];
+  engine_options.backing_dirs = backing_dirs;
+  return 0;
+}
+
 void
 params_unload (void)
 {
+  size_t i;
+
+  for (i = 0; i < nr_extra_backing_dirs; i++)
+    free (extra_backing_dirs[i]);
+  free (extra_backing_dirs);
+  free (backing_dirs);
   free (image_dir);
   free (image_file);
   free ((char *) engine_options.backing_path);
@@ -185,6 +249,8 @@ params_config (const char *key, const char *value)
     engine_options.backing_path = path;
     return 0;
   }
+  if (strcmp (key, "qcow2-backing-dir") == 0)
+    return add_backing_dir (value);
   if (strcmp (key, "qcow2-passphrase") == 0) {
     /* nbdkit's conventions: the value, "-" to prompt, "+FILE", "-FD". */
     if (passphrase) {
@@ -325,8 +391,10 @@ params_config (const char *key, const char *value)
       engine_options.locking = QCOW2_LOCK_ON;
     else if (strcmp (value, "off") == 0)
       engine_options.locking = QCOW2_LOCK_OFF;
+    else if (strcmp (value, "auto") == 0)
+      engine_options.locking = QCOW2_LOCK_AUTO;
     else {
-      nbdkit_error ("%s: '%s' is neither on nor off", key, value);
+      nbdkit_error ("%s: '%s' is not on, auto or off", key, value);
       return -1;
     }
     return 0;
@@ -480,7 +548,7 @@ params_complete (void)
       return -1;
     }
   }
-  if (check_startup () == -1)
+  if (check_startup () == -1 || settle_backing_dirs () == -1)
     return -1;
   /* nbdkit sets the -D flags before configuring. */
   engine_options.debug =

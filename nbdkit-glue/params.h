@@ -67,7 +67,8 @@ int params_add_extent (void *extents, uint64_t offset, uint64_t length,
   "qcow2-discard=unmap|ignore     Discard freed clusters below (default unmap).\n" \
   "qcow2-detect-zeroes=off|on|unmap  Zero clusters for zeros written (default off).\n" \
   "qcow2-backing=PATH             The backing file (default: the image's own).\n" \
-  "qcow2-locking=on|off           Lock the image as qemu does (default on).\n" \
+  "qcow2-backing-dir=DIR          Backing files may also be in DIR (repeatable).\n" \
+  "qcow2-locking=on|auto|off      Lock the image as qemu does (default on).\n" \
   "qcow2-force-share=BOOL         With -r: read even an image in use (qemu -U).\n" \
   "qcow2-passphrase=SECRET        Of a LUKS image (- to prompt, +FILE, -FD).\n" \
   "qcow2-encrypt-format=luks      Encrypt a created image (with qcow2-passphrase).\n" \

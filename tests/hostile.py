@@ -178,7 +178,8 @@ def make(seed_dir, out_dir, count, rng_seed):
 
 
 def check(path):
-    r = subprocess.run(["qemu-img", "check", "-q", "-f", "qcow2", path],
+    # -U: the server holds the image's lock until it exits.
+    r = subprocess.run(["qemu-img", "check", "-U", "-q", "-f", "qcow2", path],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return r.returncode
 
@@ -373,7 +374,7 @@ def qemu_reads_writes(path, model, size):
         cmds += ["-c", f"read -q -P {value} {off} {n}"]
     if not cmds:
         return None
-    r = subprocess.run(["qemu-io", "-r", "-f", "qcow2", *cmds, path],
+    r = subprocess.run(["qemu-io", "-r", "-U", "-f", "qcow2", *cmds, path],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode == 0 and "failed" not in r.stdout:
         return None

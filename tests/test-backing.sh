@@ -5,7 +5,12 @@
 # reads compared with qemu's, also of backing files that end inside a
 # cluster, smaller than the disk (both forms); partial writes, zeroes and trims over
 # unallocated clusters, on v3 and v2, checked with qemu-img check and
-# compared with qemu's reading of the result.
+# compared with qemu's reading of the result.  Which files a header may
+# name: chains beside the image (and below it) are served; absolute
+# paths elsewhere, ../ escapes, symbolic links out, json: and protocol
+# names, device files and FIFOs are refused with their message, in both
+# forms and at depths 1 to 3 of a chain; qcow2-backing-dir= (given once
+# or twice) allows a directory, and qcow2-backing= still names a file.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires nbdcopy qemu-io
 requires_nbd_python
@@ -179,3 +184,141 @@ for e in json.load(open(sys.argv[2])):
 assert holes > 0, "the image has no zero cluster to check"
 EOF
 echo "extents over a backing file: zero clusters are holes, the rest data, as qemu maps it"
+
+# 6. Which files a header may name.  A backing file is opened only if
+# it is a regular file inside the served image's directory (symbolic
+# links resolved) or a directory qcow2-backing-dir= adds; json: and
+# protocol names never.  Anything else is refused at open, in both
+# forms and at every depth of a chain, with a message naming the file,
+# the header's name for it and the parameter that allows it; a client
+# reads nothing of the file.
+mkdir -p srv/sub elsewhere other
+$PYTHON -c "open('elsewhere/secret.raw', 'wb').write(b'SECRET! ' * 131072)"
+qemu-img convert -q -O qcow2 elsewhere/secret.raw elsewhere/secret.qcow2
+cp elsewhere/secret.raw other/other.raw
+SRV=$(cd srv && pwd -P) ELSE=$(cd elsewhere && pwd -P)
+
+# overlay NAME BACKING FORMAT: srv/NAME.qcow2 over BACKING as the header
+# names it (qemu-img does not open it: it may be anything).
+overlay ()
+{
+    qemu-img create -q -f qcow2 -u -b "$2" -F "$3" "srv/$1.qcow2" 1M
+}
+
+# refused WHAT IMAGE TEXT [PARAMS...]: both forms refuse IMAGE when the
+# client connects, logging TEXT (a fixed string).
+refused ()
+{
+    local what=$1 img=$2 text=$3 form
+    shift 3
+    for form in filter plugin; do
+        local stack=(--filter="$FILTER" file "$img")
+        [ $form = filter ] || stack=("$PLUGIN" "$img")
+        rm -f out.raw
+        if run_nbdkit -U - -r "${stack[@]}" "$@" --run 'nbdcopy "$uri" out.raw' 2> err.txt; then
+            fail "$what, $form: served"
+        fi
+        grep -qF -- "$text" err.txt || { cat err.txt; fail "$what, $form: no '$text' in the log"; }
+        ! grep -q SECRET out.raw 2>/dev/null || fail "$what, $form: the secret was read"
+    done
+    echo "$what: refused in both forms: $(grep -oF -- "$text" err.txt | head -1 | cut -c1-160)"
+}
+
+# served WHAT IMAGE [PARAMS...]: both forms read IMAGE as qemu does.
+served ()
+{
+    local what=$1 img=$2 form
+    shift 2
+    qemu-img convert -U -O raw "$img" qemu.raw
+    for form in filter plugin; do
+        local stack=(--filter="$FILTER" file "$img")
+        [ $form = filter ] || stack=("$PLUGIN" "$img")
+        rm -f out.raw
+        run_nbdkit -U - -r "${stack[@]}" "$@" --run 'nbdcopy "$uri" out.raw' 2> err.txt ||
+            { cat err.txt; fail "$what, $form: not served"; }
+        cmp out.raw qemu.raw || fail "$what, $form: read differently from qemu"
+    done
+    echo "$what: served in both forms, as qemu reads it"
+}
+
+outside ()  # FILE NAME DIR: the message for FILE, named NAME, outside
+{
+    echo "the backing file $1 (named '$2' in the image) is outside the directories backing files may be opened from ($SRV): qcow2-backing-dir=$3 allows it, or qcow2-backing=PATH names the backing file"
+}
+
+# Beside the image, and below it.
+cp chain/base.qcow2 srv/base.qcow2
+overlay mid base.qcow2 qcow2
+overlay top mid.qcow2 qcow2
+served "a chain of three beside the image" srv/top.qcow2
+cp chain/base.qcow2 srv/sub/base.qcow2
+overlay below sub/base.qcow2 qcow2
+served "a backing file in a directory below the image's" srv/below.qcow2
+overlay abs-beside "$SRV/base.qcow2" qcow2
+served "a backing file beside the image named by its absolute path" srv/abs-beside.qcow2
+
+# Outside it, at depth 1.
+overlay abs-raw "$ELSE/secret.raw" raw
+refused "an absolute path elsewhere (raw)" srv/abs-raw.qcow2 \
+    "$(outside "$ELSE/secret.raw" "$ELSE/secret.raw" "$ELSE")"
+overlay abs-qcow2 "$ELSE/secret.qcow2" qcow2
+refused "an absolute path elsewhere (qcow2)" srv/abs-qcow2.qcow2 \
+    "$(outside "$ELSE/secret.qcow2" "$ELSE/secret.qcow2" "$ELSE")"
+overlay escape ../elsewhere/secret.raw raw
+refused "a ../ escape" srv/escape.qcow2 \
+    "$(outside "$ELSE/secret.raw" ../elsewhere/secret.raw "$ELSE")"
+ln -s ../elsewhere/secret.raw srv/link.raw
+overlay symlink link.raw raw
+refused "a symbolic link beside the image that leads out" srv/symlink.qcow2 \
+    "$(outside "$ELSE/secret.raw" link.raw "$ELSE")"
+json='json:{"driver":"raw","file":{"driver":"file","filename":"'$ELSE'/secret.raw"}}'
+overlay json "$json" raw
+refused "a json: name" srv/json.qcow2 \
+    "the backing file name '$json' is a protocol or json: name, which only qemu opens: refused"
+overlay protocol "nbd+unix:///?socket=$PWD/none.sock" raw
+refused "a protocol name" srv/protocol.qcow2 "is a protocol or json: name, which only qemu opens: refused"
+overlay device /dev/zero raw
+refused "a device file, even in a directory allowed" srv/device.qcow2 \
+    "the backing file /dev/zero (named '/dev/zero' in the image) is not a regular file" \
+    qcow2-backing-dir=/dev
+mkfifo srv/fifo.raw
+overlay fifo fifo.raw raw
+refused "a FIFO beside the image" srv/fifo.qcow2 \
+    "the backing file $SRV/fifo.raw (named 'fifo.raw' in the image) is not a regular file"
+
+# Outside it, deeper down a chain that begins beside the image.
+overlay deep2-mid ../elsewhere/secret.raw raw
+overlay deep2 deep2-mid.qcow2 qcow2
+refused "a ../ escape at depth 2" srv/deep2.qcow2 \
+    "$(outside "$ELSE/secret.raw" ../elsewhere/secret.raw "$ELSE")"
+overlay deep3-low link.raw raw
+overlay deep3-mid deep3-low.qcow2 qcow2
+overlay deep3 deep3-mid.qcow2 qcow2
+refused "a symbolic link out at depth 3" srv/deep3.qcow2 \
+    "$(outside "$ELSE/secret.raw" link.raw "$ELSE")"
+overlay deep3-json-low "$json" raw
+overlay deep3-json-mid deep3-json-low.qcow2 qcow2
+overlay deep3-json deep3-json-mid.qcow2 qcow2
+refused "a json: name at depth 3" srv/deep3-json.qcow2 "is a protocol or json: name"
+
+# The parameters that allow them.
+served "qcow2-backing-dir= the directory of an absolute path elsewhere" \
+    srv/abs-raw.qcow2 qcow2-backing-dir="$ELSE"
+served "qcow2-backing-dir= for a symbolic link out at depth 3" \
+    srv/deep3.qcow2 qcow2-backing-dir=elsewhere
+overlay two-dirs "$PWD/other/other.raw" raw
+served "qcow2-backing-dir= given twice" srv/two-dirs.qcow2 \
+    qcow2-backing-dir="$ELSE" qcow2-backing-dir="$PWD/other"
+served "qcow2-backing= naming a file elsewhere" srv/abs-qcow2.qcow2 \
+    qcow2-backing="$ELSE/secret.qcow2"
+for bad in "$PWD/none" "$ELSE/secret.raw"; do
+    for form in filter plugin; do
+        stack=(--filter="$FILTER" file srv/top.qcow2)
+        [ $form = filter ] || stack=("$PLUGIN" srv/top.qcow2)
+        if run_nbdkit -U - -r "${stack[@]}" qcow2-backing-dir="$bad" --run true 2> err.txt; then
+            fail "qcow2-backing-dir=$bad, $form: nbdkit started"
+        fi
+        grep -q "qcow2-backing-dir: $bad" err.txt || { cat err.txt; fail "qcow2-backing-dir=$bad, $form"; }
+    done
+done
+echo "qcow2-backing-dir= a missing directory or a file: refused at start-up in both forms"

@@ -206,6 +206,17 @@ check_map ()
         fail "$name: the filter reported a type other than 0 and 3"
     fi
 
+    nbs=$(MAP=$W/ours.map "${NBDSH[@]}" --base-allocation -u "$uri" \
+              -c "$BLOCK_STATUS") ||
+        fail "$name: block status: $nbs"
+    # Our writable server locks the image until it exits, as qemu-nbd
+    # would: qemu-nbd serves it after.
+    stop_server
+    if grep -qi error "$sock.log"; then
+        cat "$sock.log" >&2
+        fail "$name: the server logged an error"
+    fi
+
     start_qemu_nbd "$qsock" "$img"
     nbdinfo --map "$(nbd_uri "$qsock")" > "$W/qemu.raw" ||
         fail "$name: nbdinfo --map on qemu-nbd failed"
@@ -218,15 +229,6 @@ check_map ()
         normalise "$size" > "$W/qemu.cmp"
     if ! diff -u "$W/qemu.cmp" "$W/ours.map" >&2; then
         fail "$name: maps differ (- qemu-nbd, + filter)"
-    fi
-
-    nbs=$(MAP=$W/ours.map "${NBDSH[@]}" --base-allocation -u "$uri" \
-              -c "$BLOCK_STATUS") ||
-        fail "$name: block status: $nbs"
-    stop_server
-    if grep -qi error "$sock.log"; then
-        cat "$sock.log" >&2
-        fail "$name: the server logged an error"
     fi
 
     ndata=$(awk '$3 == 0' "$W/ours.map" | wc -l)

@@ -224,6 +224,42 @@ test_off_and_errors (void)
                  "consistent read") == 0);
 }
 
+/* A reader's locks made a writer's, in place; refused while another
+ * reader shares the file, and then the reader's locks are still held.
+ */
+static void
+test_upgrade (void)
+{
+  struct qcow2_lock_perms reader = qcow2_lock_perms_for (false, QCOW2_LOCK_ON);
+  struct qcow2_lock_perms writer = qcow2_lock_perms_for (true, QCOW2_LOCK_ON);
+  struct qcow2_lock_perms auto_writer =
+    qcow2_lock_perms_for (true, QCOW2_LOCK_AUTO);
+  char err[512];
+  unsigned held, unshared;
+  int fd, other;
+
+  CHECK (memcmp (&writer, &reader, sizeof reader) != 0);
+  CHECK (memcmp (&auto_writer, &writer, sizeof writer) == 0);
+  CHECK_EQ (lock (path, false, QCOW2_LOCK_ON, &fd, err, sizeof err), 0);
+  CHECK_EQ (lock (path, false, QCOW2_LOCK_ON, &other, err, sizeof err), 0);
+  CHECK_EQ (qcow2_lock_upgrade (fd, path, reader, writer, err, sizeof err),
+            -EAGAIN);
+  CHECK (strstr (err, "Failed to get \"write\" lock") != NULL);
+  close (other);
+  locked_bytes (&held, &unshared);
+  CHECK_EQ (held, 0x1u);
+  CHECK_EQ (unshared, 0xau);
+  CHECK_EQ (qcow2_lock_upgrade (fd, path, reader, writer, err, sizeof err), 0);
+  locked_bytes (&held, &unshared);
+  CHECK_EQ (held, 0xbu);
+  CHECK_EQ (unshared, 0xau);
+  CHECK_EQ (lock (path, false, QCOW2_LOCK_ON, &other, err, sizeof err),
+            -EAGAIN);
+  close (fd);
+  CHECK (!qcow2_lock_unsupported (-EAGAIN));
+  CHECK (qcow2_lock_unsupported (-ENOLCK));
+}
+
 int
 main (void)
 {
@@ -246,6 +282,7 @@ main (void)
   test_bytes_as_qemu ();
   test_pairs ();
   test_off_and_errors ();
+  test_upgrade ();
 
   unlink (link_path);
   unlink (path);

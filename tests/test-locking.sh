@@ -7,7 +7,14 @@
 # each other as two qemus would, with and without -r and -U; readers
 # share; two clients on one export keep the locks until both have left;
 # a kill -9'd writer leaves the image free; qcow2-locking=off
-# takes no locks; backing files are locked as qemu locks them.  Also:
+# takes no locks; backing files are locked as qemu locks them.  The
+# locks last from the first client (the plugin form: from start-up)
+# until nbdkit exits, as qemu-nbd's: between two clients of an export,
+# qemu-img info, qemu-io and a second writer of ours are refused, and
+# after nbdkit exits or is killed with -9 nothing is locked.  A file
+# that cannot be confirmed as the one served (under the offset filter)
+# is not written with qcow2-locking=on, and written unlocked with a
+# warning with qcow2-locking=auto.  Also:
 # a session that only reads through a writable export leaves the file
 # byte for byte as it was, and the first write then clears the autoclear
 # bits (persistent bitmaps become inconsistent, as qemu says).
@@ -178,17 +185,15 @@ for pair in filter/filter plugin/filter filter/plugin plugin/plugin; do
     echo "  the first writer's data survived, check clean"
 done
 
-# Both plugin servers start while the image is free; the second client
-# is refused when it connects.
-echo "two writers, plugin and plugin started before either client:"
+# The plugin form locks at start-up: a second one is refused before
+# either has a client.
+echo "two writers, plugin and plugin, the second started before the first has a client:"
 new_image
 serve a plugin img.qcow2
-serve b plugin img.qcow2
+refused_start "$W" "$PLUGIN" img.qcow2
 hold one "$(uri a)" 0 0x100000 0xa1 || fail "the first writer was refused"
-refused_client b "$(uri b)" "$W"
 release one
 unserve a
-unserve b
 qemu-io -r -f qcow2 -c "read -P 0xa1 0 1M" -c "read -P 0x11 2M 64k" img.qcow2 > read.out ||
     { cat read.out; fail "plugin/plugin: the first writer's data is not there"; }
 echo "  the first writer's data survived"
@@ -370,6 +375,43 @@ for form in filter plugin; do
     echo "$form killed with -9 while writing: the image is free (qemu-io writes), its flushed data there"
 done
 
+# ------------------------------------------------------------ between clients
+# The locks last as long as the server, as qemu-nbd's: between two
+# clients of one export, qemu and a second writer of ours are refused
+# as while a client is connected, and the next client finds its data.
+for form in filter plugin; do
+    echo "$form, between two clients of one export:"
+    new_image
+    serve a $form img.qcow2
+    hold one "$(uri a)" 0 0x100000 0xa1 || fail "between clients, $form: the first client was refused"
+    release one
+    [ "$(lock_bytes img.qcow2)" = "100 101 103 201 203 " ] ||
+        fail "between clients, $form: bytes '$(lock_bytes img.qcow2)' locked with no client"
+    qemu_refused "$SW" qemu-img info img.qcow2
+    qemu_refused "$W" qemu-io -f qcow2 -c "write -P 0x66 0 64k" img.qcow2
+    serve b filter img.qcow2
+    refused_client b "$(uri b)" "$W"
+    unserve b
+    refused_start "$W" "$PLUGIN" img.qcow2
+    hold two "$(uri a)" 0x100000 0x100000 0xa2 || fail "between clients, $form: the second client was refused"
+    release two
+    unserve a
+    [ -z "$(lock_bytes img.qcow2)" ] || fail "$form: bytes $(lock_bytes img.qcow2) still locked after nbdkit exited"
+    qemu_granted qemu-io -f qcow2 -c "read -P 0xa1 0 1M" -c "read -P 0xa2 1M 1M" -c "write -P 0x77 8M 64k" img.qcow2
+    echo "  nbdkit exited: no lock left; qemu-io reads both clients' data and writes"
+
+    new_image
+    serve a $form img.qcow2
+    hold one "$(uri a)" 0 0x100000 0xa1 || fail "kill -9 between clients, $form: the client was refused"
+    release one
+    [ -n "$(lock_bytes img.qcow2)" ] || fail "kill -9 between clients, $form: nothing locked"
+    kill -9 "${PIDS[a]}"
+    unserve a
+    [ -z "$(lock_bytes img.qcow2)" ] || fail "kill -9 between clients, $form: bytes $(lock_bytes img.qcow2) still locked"
+    qemu_granted qemu-io -f qcow2 -c "read -P 0xa1 0 1M" -c "write -P 0x77 8M 64k" img.qcow2
+    echo "  killed with -9 between clients: no lock left; qemu-io writes"
+done
+
 # ------------------------------------------------------------ locking off
 new_image
 start_qemu q 101 qemu-nbd -k "$PWD/q.sock" img.qcow2
@@ -401,9 +443,13 @@ for form in filter plugin; do
     qemu_refused "$W" qemu-io -f qcow2 -c "write 0 512" base.qcow2
     qemu_granted qemu-io -r -f qcow2 -c "read -P 0x22 0 1M" base.qcow2
     release one
+    [ "$(lock_bytes base.qcow2)" = "100 201 203 " ] ||
+        fail "backing: $form locks bytes '$(lock_bytes base.qcow2)' of the backing file with no client"
+    qemu_refused "$W" qemu-io -f qcow2 -c "write 0 512" base.qcow2
     unserve a
+    [ -z "$(lock_bytes base.qcow2)" ] || fail "backing: $form left bytes $(lock_bytes base.qcow2) locked"
 done
-echo "backing file: locked as qemu locks it (bytes 100, 201, 203); qemu cannot write it, can read it"
+echo "backing file: locked as qemu locks it (bytes 100, 201, 203), with or without a client, until nbdkit exits; qemu cannot write it, can read it"
 
 # ------------------------------------------------------------ which file is served
 # A file the plugin serves with another size but the same first bytes
@@ -418,17 +464,38 @@ refused_client a "$(uri a)" "$W"
 unserve a
 kill "${PIDS[q]}"; wait "${PIDS[q]}" 2>/dev/null || true
 echo "  served with another size, same first bytes: locked (and refused beside qemu-nbd)"
+# Not confirmed as the file served, it cannot be locked: with
+# qcow2-locking=on (the default) it is not written, but read (unlocked);
+# with qcow2-locking=auto it is written unlocked, with a warning at
+# error level (no -v).
 qemu-img create -q -f qcow2 inner.qcow2 32M
 { head -c 1M /dev/zero; cat inner.qcow2; head -c 1M /dev/zero; } > outer.img
-start_server "$PWD/a.sock" --filter=offset file outer.img offset=1M -v
+UNCONFIRMED="the plugin serves [0-9]* bytes, not the [0-9]* of $PWD/outer.img, and they begin differently: it is not that file, so the image cannot be locked, and it is not opened for writing unlocked: serve it read-only (-r), or give qcow2-locking=auto to write it without a lock"
+start_server "$PWD/a.sock" --filter=offset file outer.img offset=1M
 PIDS[a]=$SERVER_PID JOBS[a]=$SERVER_JOB SERVER_PID=
-hold one "$(uri a)" 0 65536 0xe1 || fail "offset: our writer was refused"
-[ -z "$(lock_bytes outer.img)" ] || fail "offset: bytes $(lock_bytes outer.img) of outer.img locked"
+refused_client a "$(uri a)" "$UNCONFIRMED"
+unserve a
+echo "  served from 1M into the file, qcow2-locking=on: not written"
+start_server "$PWD/a.sock" -r --filter=offset file outer.img offset=1M -v
+PIDS[a]=$SERVER_PID JOBS[a]=$SERVER_JOB SERVER_PID=
+hold one "$(uri a)" || fail "offset, -r: our reader was refused"
+[ -z "$(lock_bytes outer.img)" ] || fail "offset, -r: bytes $(lock_bytes outer.img) of outer.img locked"
 release one
 unserve a
-grep -q "begin differently: it is not that file, and the image is not locked" a.sock.log ||
-    { cat a.sock.log; fail "offset: no debug line for the file not locked"; }
-echo "  served from 1M into the file: not locked ($(grep -o "the plugin serves .*" a.sock.log | head -1))"
+grep -q "it is not that file: the image is read without a lock" a.sock.log ||
+    { cat a.sock.log; fail "offset, -r: no debug line for the file not locked"; }
+echo "  served from 1M into the file, -r: read, not locked"
+before=$(sha256sum < outer.img)
+start_server "$PWD/a.sock" --filter=offset file outer.img offset=1M qcow2-locking=auto
+PIDS[a]=$SERVER_PID JOBS[a]=$SERVER_JOB SERVER_PID=
+hold one "$(uri a)" 0 65536 0xe1 || fail "offset, qcow2-locking=auto: our writer was refused"
+[ -z "$(lock_bytes outer.img)" ] || fail "offset, auto: bytes $(lock_bytes outer.img) of outer.img locked"
+release one
+unserve a
+[ "$(sha256sum < outer.img)" != "$before" ] || fail "offset, auto: nothing was written"
+grep -q "error: qcow2zstd: warning: export '': the plugin serves .* it is not that file: the image is served without a lock (qcow2-locking=auto)" a.sock.log ||
+    { cat a.sock.log; fail "offset, auto: no warning"; }
+echo "  served from 1M into the file, qcow2-locking=auto: written unlocked, warned ($(grep -o "warning: .*" a.sock.log | head -1 | cut -c1-90)...)"
 
 # ------------------------------------------------------------ no lock possible
 NBDKIT_TIMEOUT=120 run_nbdkit -v -U "$PWD/mem.sock" --filter="$FILTER" memory 64M \

@@ -96,7 +96,7 @@ refused "qcow2-backing with qcow2-create" "qcow2-backing: an image made by qcow2
     qcow2-create=1M qcow2-backing=device.img
 refused "a level with qcow2-compress=false" "qcow2-compression-level: only applies to compressed writes" -- \
     qcow2-create=1M qcow2-compress=false qcow2-compression-level=5
-refused "qcow2-locking=maybe" "qcow2-locking: 'maybe' is neither on nor off" -- \
+refused "qcow2-locking=maybe" "qcow2-locking: 'maybe' is not on, auto or off" -- \
     qcow2-create=1M qcow2-locking=maybe
 
 # The plugin's own file.

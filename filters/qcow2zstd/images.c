@@ -6,6 +6,7 @@
  * others, and a flush through any of them writes everyone's changes.
  * The image opens with the export's first connection and closes with
  * its last; each connection that can write flushes as it finalizes.
+ * The locks stay from the first connection until nbdkit exits.
  */
 
 #include <config.h>
@@ -13,18 +14,19 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <inttypes.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "qcow2zstd.h"
+#include "locks.h"
 
 struct shared_image {
   struct shared_image *next;
   char *exportname;
   struct qcow2_image *engine;
-  int lock_fd;                  /* holds the image's locks, or -1 */
   unsigned users;
   bool stats_logged;            /* by images_cleanup, before the close */
 };
@@ -143,16 +145,20 @@ was_created (const char *exportname)
  * file (a partition, a decompressor) serves something else.
  */
 static bool
-serves_file (nbdkit_next *next, int fd, uint64_t size, const char *path,
-             const char *exportname)
+serves_file (void *opaque, int fd, uint64_t size, const char *path,
+             char *why, size_t whylen)
 {
+  nbdkit_next *next = opaque;
   char served_head[4096], file_head[4096];
   int64_t served = next->get_size (next);
   size_t n;
   int err = 0;
 
-  if (served < 0)
+  if (served < 0) {
+    snprintf (why, whylen, "the plugin's size is not known, so it cannot "
+              "be told whether it serves %s", path);
     return false;
+  }
   if ((uint64_t) served == size)
     return true;
   n = sizeof served_head;
@@ -165,28 +171,22 @@ serves_file (nbdkit_next *next, int fd, uint64_t size, const char *path,
       pread (fd, file_head, n, 0) == (ssize_t) n &&
       memcmp (served_head, file_head, n) == 0)
     return true;
-  nbdkit_debug ("qcow2zstd: export '%s': the plugin serves %" PRId64
-                " bytes, not the %" PRIu64 " of %s, and they begin "
-                "differently: it is not that file, and the image is not "
-                "locked", exportname, served, size, path);
+  snprintf (why, whylen, "the plugin serves %" PRId64 " bytes, not the %"
+            PRIu64 " of %s, and they begin differently: it is not that "
+            "file", served, size, path);
   return false;
 }
 
 /* Lock the file under the export, when the plugin serves a local file
- * the filter knows of, with a descriptor of the filter's own: the
- * plugin's is out of reach.  Sets *LOCK_FD to that descriptor, or -1
- * when nothing could be locked.
+ * the filter knows of, with a descriptor of the filter's own (the
+ * plugin's is out of reach), kept until nbdkit exits (locks.h).
  */
 static int
-lock_image (nbdkit_next *next, const char *exportname, bool writable,
-            int *lock_fd)
+lock_image (nbdkit_next *next, const char *exportname, bool writable)
 {
   char *path;
-  char err[1024];
-  uint64_t size;
-  int fd, r;
+  int r;
 
-  *lock_fd = -1;
   if (engine_options.locking == QCOW2_LOCK_OFF)
     return 0;
   path = params_local_image (exportname);
@@ -196,32 +196,9 @@ lock_image (nbdkit_next *next, const char *exportname, bool writable,
                   "(other users of it cannot be detected)", exportname);
     return 0;
   }
-  r = qcow2_lock_open (path, &fd, &size, err, sizeof err);
-  if (r < 0) {
-    nbdkit_debug ("qcow2zstd: export '%s': %s: the image is not locked",
-                  exportname, err);
-    free (path);
-    return 0;
-  }
-  if (!serves_file (next, fd, size, path, exportname)) {
-    close (fd);
-    free (path);
-    return 0;
-  }
-  r = qcow2_lock_fd (fd, path,
-                     qcow2_lock_perms_for (writable, engine_options.locking),
-                     err, sizeof err);
-  if (r < 0) {
-    nbdkit_error ("qcow2zstd: %s", err);
-    close (fd);
-    free (path);
-    return r;
-  }
-  nbdkit_debug ("qcow2zstd: export '%s': %s locked for %s", exportname, path,
-                writable ? "writing" : "reading");
+  r = locks_hold_image (exportname, path, writable, serves_file, next);
   free (path);
-  *lock_fd = fd;
-  return 0;
+  return r;
 }
 
 static int
@@ -263,6 +240,7 @@ open_engine (nbdkit_next *next, const char *exportname, bool writable,
 void
 images_unload (void)
 {
+  locks_release_all ();
   while (created) {
     struct created *c = created;
     created = c->next;
@@ -291,10 +269,11 @@ images_acquire (nbdkit_next *next, const char *exportname, bool writable)
       free (s);
       s = NULL;
     }
-    else if (lock_image (next, exportname, writable, &s->lock_fd) < 0 ||
-             open_engine (next, exportname, writable, &s->engine) < 0) {
-      if (s->lock_fd >= 0)
-        close (s->lock_fd);
+    else if (lock_image (next, exportname, writable) < 0 ||
+             open_engine (next, exportname, writable, &s->engine) < 0 ||
+             locks_hold_backing (exportname, s->engine) < 0) {
+      if (s->engine)
+        qcow2_image_close (s->engine);
       free (s->exportname);
       free (s);
       s = NULL;
@@ -320,8 +299,6 @@ images_release (struct shared_image *shared)
     if (!shared->stats_logged)
       params_log_stats (shared->engine, shared->exportname);
     qcow2_image_close (shared->engine);
-    if (shared->lock_fd >= 0)
-      close (shared->lock_fd);
     for (link = &images; *link != shared; link = &(*link)->next)
       ;
     *link = shared->next;

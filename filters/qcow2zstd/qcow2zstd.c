@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,7 @@ struct handle {
   struct shared_image *shared;
   struct qcow2_conn *conn;
   bool writable;
+  bool plugin_can_flush;        /* flush and FUA are offered only then */
   /* Held for reading by .cache, for writing by .finalize: see there. */
   pthread_rwlock_t finalize_lock;
 };
@@ -89,11 +91,29 @@ qcow2zstd_open (nbdkit_next_open *next, nbdkit_context *nxdata,
   return h;
 }
 
+/* Over a plugin that cannot flush, nothing the filter does makes a write
+ * more durable than the plugin makes it when it returns: a flush or FUA
+ * offered to clients would promise what nothing below gives.  Said once
+ * per run, without -v, when the first writable connection finds it out
+ * (nbdkit opens the plugin under a filter only then).
+ */
+static void
+say_no_flush (void)
+{
+  static atomic_bool said;
+
+  if (!atomic_exchange (&said, true))
+    nbdkit_error ("qcow2zstd: warning: the plugin cannot flush, so neither "
+                  "flush nor FUA is offered to clients: the image's crash "
+                  "safety is the plugin's (what its writes make durable "
+                  "when they return)");
+}
+
 static int
 qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
 {
   struct handle *h = handle;
-  int plugin_can_write = 0;
+  int plugin_can_write = 0, plugin_can_flush = 0;
 
   /* nbdkit checks every request against the size of this connection's
    * plugin context, which it learns only when someone asks for it.
@@ -104,7 +124,8 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
     return -1;
   if (!readonly) {
     plugin_can_write = next->can_write (next);
-    if (plugin_can_write == -1 || next->can_flush (next) == -1)
+    plugin_can_flush = next->can_flush (next);
+    if (plugin_can_write == -1 || plugin_can_flush == -1)
       return -1;
   }
 
@@ -117,6 +138,9 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
     return -1;
   h->writable = !readonly && plugin_can_write == 1 &&
     qcow2_image_writable (images_engine (h->shared));
+  h->plugin_can_flush = plugin_can_flush == 1;
+  if (h->writable && !h->plugin_can_flush)
+    say_no_flush ();
   h->conn = qcow2_conn_new (images_engine (h->shared));
   if (h->conn == NULL)
     return -1;
@@ -197,7 +221,7 @@ static int
 qcow2zstd_can_flush (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
-  return h->writable;
+  return h->writable && h->plugin_can_flush;
 }
 
 static int
@@ -225,7 +249,8 @@ static int
 qcow2zstd_can_fua (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
-  return h->writable ? NBDKIT_FUA_NATIVE : NBDKIT_FUA_NONE;
+  return h->writable && h->plugin_can_flush ? NBDKIT_FUA_NATIVE
+                                            : NBDKIT_FUA_NONE;
 }
 
 static int

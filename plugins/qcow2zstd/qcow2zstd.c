@@ -24,6 +24,7 @@
 #include <nbdkit-plugin.h>
 
 #include "glue.h"
+#include "locks.h"
 #include "params.h"
 #include "qcow2-fileio.h"
 
@@ -31,7 +32,7 @@
 static char *filename;
 
 /* One image for all connections, opened by the first, closed (after a
- * final flush) with the last.
+ * final flush) with the last.  Its lock stays until nbdkit exits.
  */
 static pthread_mutex_t image_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct qcow2_image *image;
@@ -57,6 +58,7 @@ qcow2zstd_load (void)
 static void
 qcow2zstd_unload (void)
 {
+  locks_release_all ();
   free (filename);
   params_unload ();
 }
@@ -146,17 +148,15 @@ check_secrets (const struct qcow2_header *h)
   return 0;
 }
 
-/* The image file, checked at start-up: found when the first client
- * connects, all that client would learn is that there is no export.
- * The lock test is only a test: another process may still take the
- * image before the first client comes, and then that client is refused.
+/* The image file, checked and locked at start-up: found when the first
+ * client connects, all that client would learn is that there is no
+ * export.
  */
 static int
 check_file (void)
 {
   struct stat st;
   struct qcow2_header h;
-  char err[1024];
   bool writes;
   int r;
 
@@ -199,17 +199,8 @@ check_file (void)
         params_check_level (h.compression_type) == -1) ||
        check_secrets (&h) == -1))
     return -1;
-  if (engine_options.locking != QCOW2_LOCK_OFF) {
-    r = qcow2_lock_probe (filename,
-                          qcow2_lock_perms_for (writes,
-                                                engine_options.locking),
-                          err, sizeof err);
-    if (r < 0) {
-      nbdkit_error ("qcow2zstd: %s", err);
-      return -1;
-    }
-  }
-  return 0;
+  /* Locked from here until nbdkit exits, as qemu-nbd locks. */
+  return locks_hold_image (NULL, filename, writes, NULL, NULL);
 }
 
 static int
@@ -254,22 +245,15 @@ open_image (int readonly)
     }
     close (fd);
   }
+  /* Locked before anything is read (at start-up, unless the file was
+   * only made now or is written for the first time), until nbdkit exits.
+   */
+  if (locks_hold_image (NULL, filename, !readonly, NULL, NULL) < 0)
+    return -1;
   r = qcow2_fileio_open (filename, !readonly, &file_io);
   if (r < 0) {
     nbdkit_error ("%s: %s", filename, strerror (-r));
     return -1;
-  }
-  /* Locked before anything is read, for as long as the file is open. */
-  if (opts.locking != QCOW2_LOCK_OFF) {
-    char err[1024];
-    r = qcow2_lock_fd (qcow2_fileio_fd (&file_io), filename,
-                       qcow2_lock_perms_for (!readonly, opts.locking),
-                       err, sizeof err);
-    if (r < 0) {
-      nbdkit_error ("qcow2zstd: %s", err);
-      qcow2_fileio_close (&file_io);
-      return -1;
-    }
   }
   if (create_requested && !created) {
     if (readonly) {
@@ -284,6 +268,11 @@ open_image (int readonly)
   }
   else
     r = qcow2_image_open (&file_io, &engine_log, &opts, &image);
+  if (r == 0 && locks_hold_backing (NULL, image) < 0) {
+    qcow2_image_close (image);
+    image = NULL;
+    r = -1;
+  }
   if (r < 0) {
     qcow2_fileio_close (&file_io);
     return -1;
