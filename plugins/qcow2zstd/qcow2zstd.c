@@ -112,6 +112,15 @@ keep_message (void *opaque, const char *msg)
   snprintf (opaque, 1024, "%s", msg);
 }
 
+/* The trial open is the one that unlocks the key slot, so its warnings
+ * are the ones a user gets (the connections' opens take the key cache).
+ */
+static void
+pass_warning (void *opaque, const char *msg)
+{
+  glue_warning (filename, msg);
+}
+
 /* An encrypted image's passphrase and the snapshot to serve, tried at
  * start-up by opening the image read-only, which writes nothing and
  * leaves the unlocked key in the key cache for the first connection: a
@@ -124,7 +133,9 @@ check_secrets (const struct qcow2_header *h)
 {
   struct qcow2_options opts = engine_options;
   char msg[1024] = "";
-  struct qcow2_log log = { .opaque = msg, .error = keep_message };
+  struct qcow2_log log = {
+    .opaque = msg, .error = keep_message, .warning = pass_warning,
+  };
   struct qcow2_io io;
   struct qcow2_image *img;
   int r;
