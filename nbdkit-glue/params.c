@@ -286,6 +286,15 @@ params_config (const char *key, const char *value)
     return 0;
   }
   if (strcmp (key, "qcow2-snapshot") == 0) {
+    /* Every snapshot has an ID, so no snapshot is named by nothing; an
+     * empty value is a variable that was not set.
+     */
+    if (value[0] == '\0') {
+      nbdkit_error ("qcow2-snapshot: empty: give a snapshot's ID or name "
+                    "(qemu-img snapshot -l FILE lists them), or leave "
+                    "qcow2-snapshot out to serve the image itself");
+      return -1;
+    }
     free (snapshot);
     snapshot = strdup (value);
     if (snapshot == NULL) {
