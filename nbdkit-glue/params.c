@@ -69,6 +69,8 @@ params_dump_if_asked (void)
   for (i = 0; i < len; i += strlen (args + i) + 1) {
     if (strcmp (args + i, "--dump-plugin") == 0) {
       qcow2_codec_versions (versions, sizeof versions);
+      /* nbdkit's version= line is nbdkit's own for a filter. */
+      printf ("qcow2zstd_version=%s\n", PACKAGE_VERSION);
       printf ("qcow2zstd_codecs=zlib,zstd\n");
       printf ("qcow2zstd_codec_versions=%s\n", versions);
 #ifdef HAVE_LIBDEFLATE
