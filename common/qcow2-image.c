@@ -6,8 +6,8 @@
  * header (qcow2-header.h), opens the backing file, unlocks an encrypted
  * image (qcow2-encrypt.h), reads the snapshot table (and picks the
  * snapshot to serve), loads the L1 table, makes the caches and, for
- * writing, loads the refcounts and sets up the allocator and the dedup
- * table.  No lock: nobody else sees the image
+ * writing, reads the persistent bitmaps, loads the refcounts and sets up
+ * the allocator and the dedup table.  No lock: nobody else sees the image
  * until open returns, nor after close begins.
  */
 
@@ -23,11 +23,13 @@
 #include "qcow2-types.h"
 #include "qcow2-alloc.h"
 #include "qcow2-backing.h"
+#include "qcow2-bitmap.h"
 #include "qcow2-cache.h"
 #include "qcow2-codec.h"
 #include "qcow2-compress.h"
 #include "qcow2-dedup.h"
 #include "qcow2-encrypt.h"
+#include "qcow2-first-change.h"
 #include "qcow2-endian.h"
 #include "qcow2-header.h"
 #include "qcow2-hostio.h"
@@ -48,11 +50,13 @@ log_extension (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)
 }
 
 /* What writing needs beyond reading: refusals of what cannot be written
- * safely, the refcounts and scratch space.  Nothing is written yet: see
- * qcow2_first_change (qcow2-hostio.h).
+ * safely, the persistent bitmaps, the refcounts and scratch space.
+ * Nothing is written yet: see qcow2-first-change.h.  FIRST is the first
+ * cluster as read (FIRST_LEN bytes).
  */
 static int
-open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
+open_for_writing (struct qcow2_image *img, struct qcow2_io *io,
+                  const uint8_t *first, size_t first_len)
 {
   const struct qcow2_header *h = &img->header;
   int r;
@@ -91,7 +95,11 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
     return -EROFS;
   }
 
-  r = qcow2_refcount_load (img, io);
+  r = qcow2_bitmaps_open (img, io, first, first_len);
+  if (r == 0)
+    r = qcow2_refcount_load (img, io);
+  if (r == 0)
+    r = qcow2_bitmaps_check (img, io);
   if (r < 0)
     return r;
   qcow2_alloc_init (img);
@@ -102,7 +110,7 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
     return -ENOMEM;
   }
 
-  img->autoclear_on_disk = h->autoclear_features != 0;
+  qcow2_first_change_arm (img);
   return 0;
 }
 
@@ -286,8 +294,6 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   if (opts->passphrase && !img->crypt.enabled && opts->backing_depth == 0)
     qcow2_debug (img, "qcow2-passphrase: the image is not encrypted: "
                  "the passphrase is not used");
-  free (first);
-  first = NULL;
 
   qcow2_debug (img, "qcow2 v%u, cluster size %u, virtual size %" PRIu64
                ", %s compression, L1 %u entries at 0x%" PRIx64
@@ -324,10 +330,12 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   }
 
   if (opts->writable) {
-    r = open_for_writing (img, io);
+    r = open_for_writing (img, io, first, first_len);
     if (r < 0)
       goto fail;
   }
+  free (first);
+  first = NULL;
   if (opts->compress) {
     enum qcow2_compression type = img->header.compression_type;
     int min, max;
@@ -368,6 +376,7 @@ qcow2_image_close (struct qcow2_image *img)
   qcow2_cache_free (img->cluster_cache);
   qcow2_backing_close (img);
   qcow2_refcount_free (img);
+  qcow2_bitmaps_free (img);
   qcow2_alloc_free (img);
   tablemap_clear (&img->dirty_l2);
   free (img->l1_dirty);

@@ -8,6 +8,7 @@
 #       [--states N] [--seed S] [--create CLUSTER_SIZE]
 #       [--keep-unformatted PATH] [--expect-discards] [--expect-cut]
 #       [--secret FILE] [--snapshot ID=RAW]...
+#       [--bitmap NAME=MAP]... [--frozen-bitmap NAME=MAP]...
 #       [--workdir DIR] [--jobs J]
 #
 # A crash state is what the storage may hold after a power loss: every
@@ -38,9 +39,20 @@
 # With --secret, the image is LUKS-encrypted and qemu opens it with the
 # passphrase in FILE.  Each --snapshot ID=RAW is an internal snapshot that every state must still
 # hold exactly as RAW (qemu-img convert -l snapshot.id=ID).
+#
+# Each --bitmap NAME=MAP is an enabled persistent bitmap, MAP its dirty
+# map when the log began (nbdinfo --map=qemu:dirty-bitmap:NAME of
+# qemu-nbd -B NAME): in every state where qemu finds it consistent (not
+# in use), it must mark every guest sector that differs from
+# --initial-raw (a write or zero that reached the disk); at the end of
+# the log (a clean close) it must be consistent and mark exactly MAP and
+# the granules of every operation of the shadow.  Each
+# --frozen-bitmap NAME=MAP is a disabled one: never in use, and its map
+# MAP in every state.
 
 import argparse
 import bisect
+import json
 import os
 import random
 import re
@@ -190,8 +202,11 @@ def unformatted(state, cluster):
     return head.count(0) == len(head)
 
 
-def worker_init(shadow_path, initial_raw, vsize, create, secret, snapshots):
+def worker_init(shadow_path, initial_raw, vsize, create, secret, snapshots,
+                bitmaps):
     W["secret"] = os.path.abspath(secret) if secret else None
+    W["bitmaps"] = {name: (kind, open(path).read())
+                    for kind, name, path in bitmaps}
     W["snapshots"] = [(i, open(raw, "rb").read()) for i, raw in snapshots]
     W["ops"] = read_shadow(shadow_path)
     W["initial"] = (open(initial_raw, "rb").read() if initial_raw
@@ -312,9 +327,92 @@ def qemu_read(image, raw, options=()):
     return got, None
 
 
-def check_state(path, k, label, lost=()):
+def dirty_granules(map_text, granularity):
+    """The set of granule indexes a dirty map marks."""
+    out = set()
+    for line in map_text.splitlines():
+        f = line.split()
+        if len(f) >= 3 and f[2] == "1":
+            start, length = int(f[0]), int(f[1])
+            out.update(range(start // granularity,
+                             (start + length + granularity - 1) // granularity))
+    return out
+
+
+def bitmap_info(image):
+    """{name: (flags, granularity)} of IMAGE's bitmaps, or an error."""
+    r = subprocess.run(["qemu-img", "info", "--output=json", *image],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"qemu-img info failed: {r.stderr}"
+    data = json.loads(r.stdout).get("format-specific", {}).get("data", {})
+    return {b["name"]: (b["flags"], b["granularity"])
+            for b in data.get("bitmaps", [])}
+
+
+def bitmap_map(path, name):
+    r = subprocess.run(["nbdinfo", f"--map=qemu:dirty-bitmap:{name}", "--",
+                        "[", "qemu-nbd", "-r", "-B", name, "-f", "qcow2",
+                        path, "]"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, r.stderr
+    return r.stdout, None
+
+
+def check_bitmaps(path, image, got, final):
+    """None if the bitmaps of the state at PATH (guest disk GOT as qemu
+    reads it) are right, else what is wrong.
+    """
+    info = bitmap_info(image)
+    if isinstance(info, str):
+        return info
+    initial = W["initial"]
+    changed = None
+    for name, (kind, want_map) in W["bitmaps"].items():
+        if name not in info:
+            return f"bitmap {name} is gone ({sorted(info)} are left)"
+        flags, gran = info[name]
+        in_use = "in-use" in flags
+        if kind == "frozen" and in_use:
+            return f"the disabled bitmap {name} is in use"
+        if in_use:
+            if final:
+                return f"bitmap {name} is still in use after the clean close"
+            continue
+        text, err = bitmap_map(path, name)
+        if err:
+            return f"qemu-nbd -B {name} failed: {err}"
+        marked = dirty_granules(text, gran)
+        if kind == "frozen":
+            if marked != dirty_granules(want_map, gran):
+                return f"the disabled bitmap {name} changed"
+            continue
+        if changed is None:
+            changed = [s for s in range(len(got) // SECTOR)
+                       if got[s * SECTOR:(s + 1) * SECTOR] !=
+                       initial[s * SECTOR:(s + 1) * SECTOR]]
+        for sec in changed:
+            if sec * SECTOR // gran not in marked:
+                return (f"bitmap {name} is consistent but misses guest "
+                        f"sector {sec}, which a write changed on disk")
+        if final:
+            want = dirty_granules(want_map, gran)
+            for op in W["ops"]:
+                if op["op"] in ("W", "Z"):
+                    want.update(range(op["off"] // gran,
+                                      (op["off"] + op["len"] + gran - 1) // gran))
+            if marked != want:
+                return (f"bitmap {name} after the clean close marks "
+                        f"{len(marked)} granules, the operations "
+                        f"{len(want)}: {len(marked - want)} more, "
+                        f"{len(want - marked)} fewer")
+    return None
+
+
+def check_state(path, k, label, lost=(), final=False):
     """None if the state at PATH is fine with shadow entry K as the last
-    flush that must be durable (-1: none), else what is wrong.
+    flush that must be durable (-1: none), else what is wrong; FINAL for
+    the end of the log.
     """
     try:
         with open(path, "rb") as f:
@@ -351,6 +449,10 @@ def check_state(path, k, label, lost=()):
         want = expected_at(k)
         if len(got) != W["vsize"]:
             return f"the disk is {len(got)} bytes, not {W['vsize']}"
+        if W["bitmaps"]:
+            err = check_bitmaps(path, image, got, final)
+            if err:
+                return err
         if got == want:
             return None
         for c in range(0, len(got), 65536):
@@ -390,6 +492,8 @@ def main():
     ap.add_argument("--expect-cut", action="store_true")
     ap.add_argument("--secret")
     ap.add_argument("--snapshot", action="append", default=[])
+    ap.add_argument("--bitmap", action="append", default=[])
+    ap.add_argument("--frozen-bitmap", action="append", default=[])
     ap.add_argument("--workdir", default=".")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
@@ -497,7 +601,9 @@ def main():
     with ProcessPoolExecutor(a.jobs, initializer=worker_init,
                              initargs=(a.shadow, a.initial_raw, a.size,
                                        a.create, a.secret,
-                                       [x.split("=", 1) for x in a.snapshot])) as pool:
+                                       [x.split("=", 1) for x in a.snapshot],
+                                       [("tracked", *x.split("=", 1)) for x in a.bitmap] +
+                                       [("frozen", *x.split("=", 1)) for x in a.frozen_bitmap])) as pool:
         for number, (j, subset) in enumerate(plan):
             while applied < j:
                 for rec in intervals[applied]:
@@ -528,7 +634,8 @@ def main():
                 f.write(state)
             futures.append((label, pool.submit(
                 check_state, path, required(end), label,
-                lost_ranges(state_lost, len(state_lost)))))
+                lost_ranges(state_lost, len(state_lost)),
+                subset == "all")))
             # A few states on disk at a time, not all of them.
             while len(futures) - done >= 2 * a.jobs:
                 collect(futures[done])

@@ -13,10 +13,13 @@
 # cut by the plugin form), after which no crash state may refer to a
 # discarded range; writes to a LUKS-encrypted image, and writes to an
 # image with internal snapshots (which every state must still hold as
-# they were).
+# they were), and writes, zeroes and trims to an image with persistent
+# bitmaps (no state in which qemu finds a bitmap consistent may miss a
+# write that reached the disk, the disabled one never changes, and after
+# the clean close each enabled one marks exactly what was written).
 source "${top_srcdir:-.}/tests/functions.sh"
 source "$top_srcdir/tests/power-loss-functions.sh"
-requires qemu-img qemu-io
+requires qemu-img qemu-io qemu-nbd nbdinfo
 requires_nbd_python
 [ -f "$PLUGIN" ] || fail "the plugin is not built: $PLUGIN"
 
@@ -185,4 +188,24 @@ for form in filter plugin; do
     power_loss_run $name $form img.qcow2 random 65536 8 0
     power_loss_check $name $((8 * M)) --states "$STATES" --seed 8 \
         --initial-raw active.raw --snapshot 1=snap1.raw --snapshot 2=snap2.raw
+
+    # 10. Persistent bitmaps: two enabled ones (64 KiB and 4 KiB
+    # granules) with bits set before, and a disabled one.
+    name=$form-bitmaps
+    rm -f img.qcow2
+    qemu-img convert -O qcow2 -o cluster_size=65536 base.raw img.qcow2
+    qemu-img bitmap --add img.qcow2 daily
+    qemu-img bitmap --add -g 4096 img.qcow2 fine
+    qemu-img bitmap --add img.qcow2 frozen
+    qemu-io -c 'write -P 0x5c 1M 100k' img.qcow2 > /dev/null
+    qemu-img bitmap --disable img.qcow2 frozen
+    qemu-img convert -O raw img.qcow2 bitmaps.raw
+    for b in daily fine frozen; do
+        nbdinfo --map=qemu:dirty-bitmap:$b -- [ qemu-nbd -r -B $b -f qcow2 img.qcow2 ] > $b.map
+    done
+    [ $form = filter ] && truncate -s +12M img.qcow2
+    power_loss_run $name $form img.qcow2 bitmaps 65536 9 0
+    power_loss_check $name $((8 * M)) --states "$STATES" --seed 9 \
+        --initial-raw bitmaps.raw --bitmap daily=daily.map --bitmap fine=fine.map \
+        --frozen-bitmap frozen=frozen.map
 done

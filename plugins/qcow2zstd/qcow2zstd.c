@@ -328,7 +328,10 @@ qcow2zstd_close (void *handle)
   qcow2_conn_free (h->conn);
   pthread_mutex_lock (&image_lock);
   if (--users == 0) {
-    qcow2_flush (image, &file_io);
+    /* The last connection: nothing is in flight, and a new one waits for
+     * the lock.  The persistent bitmaps are left consistent.
+     */
+    qcow2_finish (image, &file_io);
     if (!stats_logged)
       params_log_stats (image, filename);
     stats_logged = false;
