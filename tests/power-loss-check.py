@@ -9,6 +9,7 @@
 #       [--keep-unformatted PATH] [--expect-discards] [--expect-cut]
 #       [--secret FILE] [--snapshot ID=RAW]...
 #       [--bitmap NAME=MAP]... [--frozen-bitmap NAME=MAP]...
+#       [--repair-dirty filter|plugin=SO [--nbdkit-env ARG]...]
 #       [--workdir DIR] [--jobs J]
 #
 # A crash state is what the storage may hold after a power loss: every
@@ -49,6 +50,13 @@
 # the granules of every operation of the shadow.  Each
 # --frozen-bitmap NAME=MAP is a disabled one: never in use, and its map
 # MAP in every state.
+#
+# With --repair-dirty FORM=SO, a state with the dirty bit set (the
+# refcounts may be stale) is first opened for writing by nbdkit with SO,
+# the filter (over the file plugin) or the plugin form, whose open
+# repairs it; the open must succeed and leave the bit clear, and the
+# state is then checked as any other.  Each --nbdkit-env ARG goes before nbdkit on its command line
+# (the sanitizers' runtime, valgrind).
 
 import argparse
 import bisect
@@ -203,8 +211,10 @@ def unformatted(state, cluster):
 
 
 def worker_init(shadow_path, initial_raw, vsize, create, secret, snapshots,
-                bitmaps):
+                bitmaps, repair, nbdkit_env):
     W["secret"] = os.path.abspath(secret) if secret else None
+    W["repair"] = repair
+    W["nbdkit_env"] = nbdkit_env
     W["bitmaps"] = {name: (kind, open(path).read())
                     for kind, name, path in bitmaps}
     W["snapshots"] = [(i, open(raw, "rb").read()) for i, raw in snapshots]
@@ -409,6 +419,27 @@ def check_bitmaps(path, image, got, final):
     return None
 
 
+def is_dirty(path):
+    with open(path, "rb") as f:
+        f.seek(72)
+        return struct.unpack(">Q", f.read(8))[0] & 1 == 1
+
+
+def repair_dirty(path):
+    """None once the engine's open repaired the dirty state at PATH."""
+    form, so = W["repair"].split("=", 1)
+    serve = [f"--filter={so}", "file", path] if form == "filter" else [so, path]
+    r = subprocess.run([*W["nbdkit_env"], "nbdkit", "-U", "-", *serve,
+                        "--run", "nbdinfo --size \"$uri\""],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return (f"{form} did not repair the dirty state (status "
+                f"{r.returncode}): {r.stderr[-1500:]}")
+    if is_dirty(path):
+        return f"the dirty bit is still set after the {form}'s open"
+    return None
+
+
 def check_state(path, k, label, lost=(), final=False):
     """None if the state at PATH is fine with shadow entry K as the last
     flush that must be durable (-1: none), else what is wrong; FINAL for
@@ -425,6 +456,10 @@ def check_state(path, k, label, lost=(), final=False):
             err = refers_to_lost(f.read(), list(lost))
         if err:
             return err
+        if W["repair"] and is_dirty(path):
+            err = repair_dirty(path)
+            if err:
+                return err
         if W["secret"]:
             image = ["--object", f"secret,id=s0,file={W['secret']}",
                      "--image-opts",
@@ -494,6 +529,8 @@ def main():
     ap.add_argument("--snapshot", action="append", default=[])
     ap.add_argument("--bitmap", action="append", default=[])
     ap.add_argument("--frozen-bitmap", action="append", default=[])
+    ap.add_argument("--repair-dirty")
+    ap.add_argument("--nbdkit-env", action="append", default=[])
     ap.add_argument("--workdir", default=".")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
@@ -583,7 +620,7 @@ def main():
     plan += extra
     plan.sort(key=lambda p: p[0])
 
-    counts = {"boundary": 0, "subset": 0, "torn": 0, "unformatted": 0}
+    counts = {"boundary": 0, "subset": 0, "torn": 0, "unformatted": 0, "dirty": 0}
     failures = []
     keep_candidate = None
     dev = bytearray(open(a.initial, "rb").read()) if a.initial != "none" else bytearray()
@@ -603,7 +640,8 @@ def main():
                                        a.create, a.secret,
                                        [x.split("=", 1) for x in a.snapshot],
                                        [("tracked", *x.split("=", 1)) for x in a.bitmap] +
-                                       [("frozen", *x.split("=", 1)) for x in a.frozen_bitmap])) as pool:
+                                       [("frozen", *x.split("=", 1)) for x in a.frozen_bitmap],
+                                       a.repair_dirty, a.nbdkit_env)) as pool:
         for number, (j, subset) in enumerate(plan):
             while applied < j:
                 for rec in intervals[applied]:
@@ -629,6 +667,8 @@ def main():
             if a.create and unformatted(state, a.create):
                 counts["unformatted"] += 1
                 keep_candidate = bytes(state)
+            if len(state) >= 80 and state[79] & 1:
+                counts["dirty"] += 1
             path = os.path.join(a.workdir, f"state-{number}.img")
             with open(path, "wb") as f:
                 f.write(state)
@@ -652,6 +692,8 @@ def main():
           f"flush boundaries, {counts['subset']} with later writes, "
           f"{counts['torn']} with torn writes, 1 at the end of the log"
           + (f"; {counts['unformatted']} not formatted yet" if a.create else "")
+          + (f"; {counts['dirty']} dirty, repaired by the {a.repair_dirty.split('=')[0]} first"
+             if a.repair_dirty else "")
           + f") from {len(recs)} records ({ndiscards} discards, {ncuts} "
           f"cuts), {len(flushes)} client flushes: "
           + ("none corrupt, none with lost flushed data" if not failures else

@@ -13,7 +13,9 @@
 # cut by the plugin form), after which no crash state may refer to a
 # discarded range; writes to a LUKS-encrypted image, and writes to an
 # image with internal snapshots (which every state must still hold as
-# they were), and writes, zeroes and trims to an image with persistent
+# they were), the repair of an image qemu left dirty (in place, and
+# rebuilt: each state still dirty is repaired by the filter's own open
+# first), and writes, zeroes and trims to an image with persistent
 # bitmaps (no state in which qemu finds a bitmap consistent may miss a
 # write that reached the disk, the disabled one never changes, and after
 # the clean close each enabled one marks exactly what was written).
@@ -208,4 +210,29 @@ for form in filter plugin; do
     power_loss_check $name $((8 * M)) --states "$STATES" --seed 9 \
         --initial-raw bitmaps.raw --bitmap daily=daily.map --bitmap fine=fine.map \
         --frozen-bitmap frozen=frozen.map
+
+    # 11. An image qemu left dirty (lazy refcounts, killed before it
+    # closed the image): the open repairs it; the filter with refcount
+    # table entry 0 lost (the table and blocks rebuilt in free clusters,
+    # then the header switched), the plugin in place.  Every state still
+    # dirty must be repaired by the same form's own open before it is
+    # checked.
+    env_args=()
+    for e in "${NBDKIT_ENV[@]}"; do env_args+=("--nbdkit-env=$e"); done
+    repair=in-place so=$PLUGIN
+    [ $form = filter ] && repair=rebuilt so=$FILTER
+    name=$form-dirty-$repair
+    rm -f img.qcow2
+    qemu-img convert -O qcow2 -o cluster_size=65536,lazy_refcounts=on base.raw img.qcow2
+    qemu-io -c 'write -P 0x61 1M 64k' -c 'write -P 0x62 5M 300k' \
+        -c 'write -P 0x63 7M 8k' -c 'sigraise 9' img.qcow2 > /dev/null 2>&1 || true
+    [ $(( $(header_u64 img.qcow2 72) & 1 )) = 1 ] || fail "$name: qemu-io left no dirty bit"
+    qemu-img check img.qcow2 > precheck.out 2>&1 && fail "$name: no refcount error to repair"
+    [ $repair = rebuilt ] &&
+        printf '\0\0\0\0\0\0\0\0' | dd of=img.qcow2 bs=1 seek="$(header_u64 img.qcow2 48)" conv=notrunc status=none
+    qemu-img convert -O raw img.qcow2 dirty.raw
+    [ $form = filter ] && truncate -s +12M img.qcow2
+    power_loss_run $name $form img.qcow2 random 65536 10 0
+    power_loss_check $name $((8 * M)) --states "$STATES" --seed 10 \
+        --initial-raw dirty.raw --repair-dirty "$form=$so" "${env_args[@]}"
 done
