@@ -16,6 +16,12 @@
 #       prints the number of crash states checked, and fails the test if
 #       any is corrupt or lost flushed data.
 #
+#   power_loss_base_raw FILE
+#       Writes an 8 MiB disk of text and random sectors (write id 0, as
+#       tests/powerloss.py makes them) with holes to FILE.
+#   header_u64 IMAGE OFFSET
+#       Prints the big-endian u64 at OFFSET of IMAGE.
+#
 # For another write path, reuse both: a workload of its own (a new entry
 # of power-loss-workload.py, or any client that writes the shadow log of
 # tests/powerloss.py) and the same check.
@@ -80,4 +86,27 @@ power_loss_check ()
         --size "$size" --workdir "$name.states" "$@" ||
         fail "$name: crash states failed the check (see above)"
     rm -rf "$name.states"
+}
+
+power_loss_base_raw ()
+{
+    "$PYTHON" - "$top_srcdir/tests" "$1" <<'EOF'
+import random, sys
+sys.path.insert(0, sys.argv[1])
+from powerloss import write_data
+rng = random.Random(7)
+out = bytearray()
+for c in range(128):
+    kind = rng.randrange(4)
+    if kind == 0:
+        out += bytes(65536)
+    else:
+        out += write_data(0, c * 65536, 65536, kind != 3)
+open(sys.argv[2], "wb").write(out)
+EOF
+}
+
+header_u64 ()
+{
+    od -An -tu8 --endian=big -j "$2" -N 8 "$1" | tr -d ' '
 }

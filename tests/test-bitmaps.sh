@@ -3,8 +3,9 @@
 # Persistent dirty bitmaps kept valid.  An image made by qemu with
 # enabled bitmaps of three granularities, a disabled one with bits set
 # and one left in use by a crash of qemu: the same writes, zeroes and
-# discards through the filter (two sessions), the plugin form, and
-# qemu-io on copies of it, and then qemu-img info lists the same bitmaps
+# discards through the filter (two sessions, then four connections at
+# once), the plugin form, and qemu-io on copies of it, and then qemu-img
+# info lists the same bitmaps
 # and qemu-nbd -B gives the same map for each; the disabled bitmap and
 # the one in use are byte for byte as they were, qemu-img check is clean.
 # A session that only reads leaves the file as it was.  After kill -9 of
@@ -59,19 +60,20 @@ bitmap_map base.qcow2 stale > /dev/null 2> stale.err && fail "qemu served the bi
 grep -q inconsistent stale.err || { cat stale.err; fail "qemu did not call the bitmap in use inconsistent"; }
 base_digests=$(digests base.qcow2)
 
-# ops SEED: writes of every size (whole and part granules of each
-# bitmap), zeroes and discards, and flushes, one a line:
+# ops SEED [BASE SPAN]: writes of every size (whole and part granules of
+# each bitmap), zeroes and discards, and flushes, one a line, inside
+# [BASE, BASE+SPAN) (the whole disk by default):
 # "w OFFSET LENGTH PATTERN", "z OFFSET LENGTH", "t OFFSET LENGTH", "f".
 ops ()
 {
-    "$PYTHON" - "$1" <<'EOF'
+    "$PYTHON" - "$1" "${2:-0}" "${3:-$((64 * M))}" <<'EOF'
 import random, sys
 rng = random.Random(int(sys.argv[1]))
-size = 64 << 20
+base, size = int(sys.argv[2]), int(sys.argv[3])
 for i in range(40):
     kind = rng.choice("wwwwzt")
     n = rng.choice([1, 511, 512, 4096, 65536, 65537, 300000, 1 << 20, 3 << 20])
-    off = rng.randrange(0, size - n)
+    off = base + rng.randrange(0, size - n)
     if rng.randrange(3) == 0:
         off -= off % 65536
     print(kind, off, n, rng.randrange(1, 255) if kind == "w" else "")
@@ -117,7 +119,8 @@ through_qemu_io ()
 same_as_qemu ()
 {
     local label=$1 ours=$2 theirs=$3 b
-    qemu-img check "$ours" > check.out 2>&1 || { cat check.out; fail "$label: qemu-img check"; }
+    qemu-img check "$ours" > check.out 2>&1 ||
+        { cat check.out; echo "----- the last server's log"; cat "$PWD/sock.log"; fail "$label: qemu-img check"; }
     [ "$(bitmap_info "$ours")" = "$(bitmap_info "$theirs")" ] || {
         bitmap_info "$ours"; echo "qemu-io:"; bitmap_info "$theirs"
         fail "$label: qemu-img info lists other bitmaps"
@@ -162,7 +165,24 @@ stop_server
 through_qemu_io theirs.qcow2 < ops.3
 same_as_qemu "plugin form" ours.qcow2 theirs.qcow2
 
-# 3. Writable, but only read: not a byte changes.
+# 3. Four connections at once, each in its own quarter of the disk,
+# writing and flushing while the others do: the bits of all of them, as
+# qemu-io marks them one list after the other.
+for k in 0 1 2 3; do ops $((10 + k)) $((k * 16 * M)) $((16 * M)) > ops.c$k; done
+truncate -s +48M ours.qcow2
+start_server "$PWD/sock" file ours.qcow2
+pids=()
+for k in 0 1 2 3; do
+    through_nbd "$(nbd_uri "$PWD/sock")" < ops.c$k & pids+=($!)
+done
+for pid in "${pids[@]}"; do
+    wait "$pid" || fail "a connection of the four failed"
+done
+stop_server
+cat ops.c0 ops.c1 ops.c2 ops.c3 | through_qemu_io theirs.qcow2
+same_as_qemu "4 connections at once" ours.qcow2 theirs.qcow2
+
+# 4. Writable, but only read: not a byte changes.
 sum=$(sha256sum < ours.qcow2)
 start_server "$PWD/sock" file ours.qcow2
 nbdcopy "$(nbd_uri "$PWD/sock")" /dev/null
@@ -170,7 +190,7 @@ stop_server
 [ "$(sha256sum < ours.qcow2)" = "$sum" ] || fail "a session that only read changed the image"
 echo "a writable session that only read: the image unchanged"
 
-# 4. kill -9 after writes and a flush, with the client still connected
+# 5. kill -9 after writes and a flush, with the client still connected
 # (its leaving would close the image cleanly): the tracked bitmaps stay
 # in use, qemu calls them inconsistent; the others are as they were.
 cp ours.qcow2 killed.qcow2
@@ -196,7 +216,7 @@ grep -q "^frozen  65536" <<<"$info" || fail "after kill -9: frozen changed"
 qemu-img check killed.qcow2 > check.out 2>&1 || [ $? = 3 ] || { cat check.out; fail "after kill -9: qemu-img check"; }
 echo "kill -9: qemu reports $TRACKED inconsistent, frozen and stale unchanged"
 
-# 5. Bitmaps that cannot be kept: dropped as before, with the reason.
+# 6. Bitmaps that cannot be kept: dropped as before, with the reason.
 for bad in "flags 0x6 has unknown flags 0x4" "type 2 is of unknown type 2"; do
     read -r field value reason <<<"$bad"
     cp base.qcow2 bad.qcow2
@@ -213,7 +233,7 @@ for bad in "flags 0x6 has unknown flags 0x4" "type 2 is of unknown type 2"; do
     echo "bitmap that $reason: dropped as before; the log says: $(grep -o "persistent bitmaps: [^;]*" "$PWD/sock.log" | head -1)"
 done
 
-# 6. A bitmap table outside the file, or on top of the refcount table
+# 7. A bitmap table outside the file, or on top of the refcount table
 # (whose entries it then reads as valid ones): writing refused, nothing
 # written; reading still works.
 for bad in "eof+65536 lies outside the file" \

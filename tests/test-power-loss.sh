@@ -13,15 +13,11 @@
 # cut by the plugin form), after which no crash state may refer to a
 # discarded range; writes to a LUKS-encrypted image, and writes to an
 # image with internal snapshots (which every state must still hold as
-# they were), the repair of an image qemu left dirty (in place, and
-# rebuilt: each state still dirty is repaired by the filter's own open
-# first), and writes, zeroes and trims to an image with persistent
-# bitmaps (no state in which qemu finds a bitmap consistent may miss a
-# write that reached the disk, the disabled one never changes, and after
-# the clean close each enabled one marks exactly what was written).
+# they were).  test-power-loss-meta.sh has the persistent bitmaps and the
+# repair of images left dirty.
 source "${top_srcdir:-.}/tests/functions.sh"
 source "$top_srcdir/tests/power-loss-functions.sh"
-requires qemu-img qemu-io qemu-nbd nbdinfo
+requires qemu-img qemu-io
 requires_nbd_python
 [ -f "$PLUGIN" ] || fail "the plugin is not built: $PLUGIN"
 
@@ -29,10 +25,6 @@ cd "$TMPDIR_TEST"
 STATES=${POWER_LOSS_STATES:-90}
 M=$((1 << 20))
 
-header_u64 ()
-{
-    od -An -tu8 --endian=big -j "$2" -N 8 "$1" | tr -d ' '
-}
 header_u32 ()
 {
     od -An -tu4 --endian=big -j "$2" -N 4 "$1" | tr -d ' '
@@ -40,20 +32,7 @@ header_u32 ()
 
 # An 8 MiB disk of text and random sectors (write id 0) with holes, for
 # the compressed image whose clusters are copied on write.
-$PYTHON - "$top_srcdir/tests" <<'EOF'
-import random, sys
-sys.path.insert(0, sys.argv[1])
-from powerloss import write_data
-rng = random.Random(7)
-out = bytearray()
-for c in range(128):
-    kind = rng.randrange(4)
-    if kind == 0:
-        out += bytes(65536)
-    else:
-        out += write_data(0, c * 65536, 65536, kind != 3)
-open("base.raw", "wb").write(out)
-EOF
+power_loss_base_raw base.raw
 
 printf 'power loss' > pass.txt
 SECRET="secret,id=s0,file=$PWD/pass.txt"
@@ -190,49 +169,4 @@ for form in filter plugin; do
     power_loss_run $name $form img.qcow2 random 65536 8 0
     power_loss_check $name $((8 * M)) --states "$STATES" --seed 8 \
         --initial-raw active.raw --snapshot 1=snap1.raw --snapshot 2=snap2.raw
-
-    # 10. Persistent bitmaps: two enabled ones (64 KiB and 4 KiB
-    # granules) with bits set before, and a disabled one.
-    name=$form-bitmaps
-    rm -f img.qcow2
-    qemu-img convert -O qcow2 -o cluster_size=65536 base.raw img.qcow2
-    qemu-img bitmap --add img.qcow2 daily
-    qemu-img bitmap --add -g 4096 img.qcow2 fine
-    qemu-img bitmap --add img.qcow2 frozen
-    qemu-io -c 'write -P 0x5c 1M 100k' img.qcow2 > /dev/null
-    qemu-img bitmap --disable img.qcow2 frozen
-    qemu-img convert -O raw img.qcow2 bitmaps.raw
-    for b in daily fine frozen; do
-        nbdinfo --map=qemu:dirty-bitmap:$b -- [ qemu-nbd -r -B $b -f qcow2 img.qcow2 ] > $b.map
-    done
-    [ $form = filter ] && truncate -s +12M img.qcow2
-    power_loss_run $name $form img.qcow2 bitmaps 65536 9 0
-    power_loss_check $name $((8 * M)) --states "$STATES" --seed 9 \
-        --initial-raw bitmaps.raw --bitmap daily=daily.map --bitmap fine=fine.map \
-        --frozen-bitmap frozen=frozen.map
-
-    # 11. An image qemu left dirty (lazy refcounts, killed before it
-    # closed the image): the open repairs it; the filter with refcount
-    # table entry 0 lost (the table and blocks rebuilt in free clusters,
-    # then the header switched), the plugin in place.  Every state still
-    # dirty must be repaired by the same form's own open before it is
-    # checked.
-    env_args=()
-    for e in "${NBDKIT_ENV[@]}"; do env_args+=("--nbdkit-env=$e"); done
-    repair=in-place so=$PLUGIN
-    [ $form = filter ] && repair=rebuilt so=$FILTER
-    name=$form-dirty-$repair
-    rm -f img.qcow2
-    qemu-img convert -O qcow2 -o cluster_size=65536,lazy_refcounts=on base.raw img.qcow2
-    qemu-io -c 'write -P 0x61 1M 64k' -c 'write -P 0x62 5M 300k' \
-        -c 'write -P 0x63 7M 8k' -c 'sigraise 9' img.qcow2 > /dev/null 2>&1 || true
-    [ $(( $(header_u64 img.qcow2 72) & 1 )) = 1 ] || fail "$name: qemu-io left no dirty bit"
-    qemu-img check img.qcow2 > precheck.out 2>&1 && fail "$name: no refcount error to repair"
-    [ $repair = rebuilt ] &&
-        printf '\0\0\0\0\0\0\0\0' | dd of=img.qcow2 bs=1 seek="$(header_u64 img.qcow2 48)" conv=notrunc status=none
-    qemu-img convert -O raw img.qcow2 dirty.raw
-    [ $form = filter ] && truncate -s +12M img.qcow2
-    power_loss_run $name $form img.qcow2 random 65536 10 0
-    power_loss_check $name $((8 * M)) --states "$STATES" --seed 10 \
-        --initial-raw dirty.raw --repair-dirty "$form=$so" "${env_args[@]}"
 done
