@@ -19,8 +19,6 @@
 #   power_loss_base_raw FILE
 #       Writes an 8 MiB disk of text and random sectors (write id 0, as
 #       tests/powerloss.py makes them) with holes to FILE.
-#   header_u64 IMAGE OFFSET
-#       Prints the big-endian u64 at OFFSET of IMAGE.
 #
 # For another write path, reuse both: a workload of its own (a new entry
 # of power-loss-workload.py, or any client that writes the shadow log of
@@ -104,9 +102,4 @@ for c in range(128):
         out += write_data(0, c * 65536, 65536, kind != 3)
 open(sys.argv[2], "wb").write(out)
 EOF
-}
-
-header_u64 ()
-{
-    od -An -tu8 --endian=big -j "$2" -N 8 "$1" | tr -d ' '
 }

@@ -81,39 +81,6 @@ for i in range(40):
         print("f")
 EOF
 }
-# through_nbd URI < OPS
-through_nbd ()
-{
-    "$PYTHON" -c '
-import nbd, sys
-h = nbd.NBD()
-h.connect_uri(sys.argv[1])
-for line in sys.stdin:
-    op = line.split()
-    if op[0] == "w":
-        h.pwrite(bytes([int(op[3])]) * int(op[2]), int(op[1]))
-    elif op[0] == "z":
-        h.zero(int(op[2]), int(op[1]))
-    elif op[0] == "t":
-        h.trim(int(op[2]), int(op[1]))
-    else:
-        h.flush()
-h.shutdown()' "$1"
-}
-# through_qemu_io IMAGE < OPS
-through_qemu_io ()
-{
-    local args=() kind off len pat
-    while read -r kind off len pat; do
-        case $kind in
-            w) args+=(-c "write -P $pat $off $len") ;;
-            z) args+=(-c "write -z $off $len") ;;
-            t) args+=(-c "discard $off $len") ;;
-            f) args+=(-c flush) ;;
-        esac
-    done
-    qemu-io "${args[@]}" "$1" > qemu-io.out || { cat qemu-io.out; fail "qemu-io on $1"; }
-}
 
 # same_as_qemu LABEL OURS QEMUS: the bitmaps, their maps, the data.
 same_as_qemu ()
@@ -147,9 +114,9 @@ truncate -s +16M ours.qcow2
 for seed in 1 2; do
     ops $seed > ops.$seed
     start_server "$PWD/sock" file ours.qcow2
-    through_nbd "$(nbd_uri "$PWD/sock")" < ops.$seed
+    apply_ops_nbd "$(nbd_uri "$PWD/sock")" < ops.$seed
     stop_server
-    through_qemu_io theirs.qcow2 < ops.$seed
+    apply_ops_qemu_io theirs.qcow2 < ops.$seed
     [ "$(bitmap_info ours.qcow2 | grep -c in-use)" = 1 ] || fail "session $seed: a tracked bitmap was left in use"
     same_as_qemu "filter, session $seed ($(wc -l < ops.$seed) operations)" ours.qcow2 theirs.qcow2
 done
@@ -160,9 +127,9 @@ echo "daily marks $daily dirty bytes after both sessions"
 # 2. The plugin form, on the same two images.
 ops 3 > ops.3
 start_nbdkit "$PWD/sock" "$PLUGIN" ours.qcow2
-through_nbd "$(nbd_uri "$PWD/sock")" < ops.3
+apply_ops_nbd "$(nbd_uri "$PWD/sock")" < ops.3
 stop_server
-through_qemu_io theirs.qcow2 < ops.3
+apply_ops_qemu_io theirs.qcow2 < ops.3
 same_as_qemu "plugin form" ours.qcow2 theirs.qcow2
 
 # 3. Four connections at once, each in its own quarter of the disk,
@@ -173,13 +140,13 @@ truncate -s +48M ours.qcow2
 start_server "$PWD/sock" file ours.qcow2
 pids=()
 for k in 0 1 2 3; do
-    through_nbd "$(nbd_uri "$PWD/sock")" < ops.c$k & pids+=($!)
+    apply_ops_nbd "$(nbd_uri "$PWD/sock")" < ops.c$k & pids+=($!)
 done
 for pid in "${pids[@]}"; do
     wait "$pid" || fail "a connection of the four failed"
 done
 stop_server
-cat ops.c0 ops.c1 ops.c2 ops.c3 | through_qemu_io theirs.qcow2
+cat ops.c0 ops.c1 ops.c2 ops.c3 | apply_ops_qemu_io theirs.qcow2
 same_as_qemu "4 connections at once" ours.qcow2 theirs.qcow2
 
 # 4. Writable, but only read: not a byte changes.
@@ -223,7 +190,7 @@ for bad in "flags 0x6 has unknown flags 0x4" "type 2 is of unknown type 2"; do
     truncate -s +16M bad.qcow2
     "${BITMAPS[@]}" bad.qcow2 set frozen "$field" "$value"
     start_server "$PWD/sock" file bad.qcow2
-    through_nbd "$(nbd_uri "$PWD/sock")" < ops.1
+    apply_ops_nbd "$(nbd_uri "$PWD/sock")" < ops.1
     stop_server
     grep -q "bitmap 'frozen' $reason: they cannot be kept valid" "$PWD/sock.log" ||
         { cat "$PWD/sock.log"; fail "$field $value: no reason in the log"; }

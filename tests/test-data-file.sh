@@ -21,10 +21,6 @@ cd "$TMPDIR_TEST"
 M=$((1 << 20))
 mixed_disk base.raw $((6 * M)) 9
 
-header_u64 ()
-{
-    od -An -tu8 --endian=big -j "$2" -N 8 "$1" | tr -d ' '
-}
 # make IMAGE DATA RAW CLUSTER: a qcow2 image whose data lives in DATA,
 # written by qemu-io with patterns, zeroes and a discard.
 make_image ()

@@ -20,14 +20,6 @@ requires_nbd_python
 cd "$TMPDIR_TEST"
 M=$((1 << 20))
 
-header_u64 ()
-{
-    od -An -tu8 --endian=big -j "$2" -N 8 "$1" | tr -d ' '
-}
-dirty ()
-{
-    [ $(( $(header_u64 "$1" 72) & 1 )) = 1 ]
-}
 serve ()
 {
     local form=$1 img=$2
@@ -42,7 +34,7 @@ check_clean ()
 {
     qemu-img check "$1" > check.out 2>&1 || { cat check.out; fail "$2: qemu-img check"; }
     grep -qi leak check.out && { cat check.out; fail "$2: leaked clusters"; }
-    dirty "$1" && fail "$2: the dirty bit is still set"
+    image_dirty "$1" && fail "$2: the dirty bit is still set"
     return 0
 }
 

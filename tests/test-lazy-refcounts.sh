@@ -20,14 +20,6 @@ requires_nbd_python
 cd "$TMPDIR_TEST"
 M=$((1 << 20))
 
-header_u64 ()
-{
-    od -An -tu8 --endian=big -j "$2" -N 8 "$1" | tr -d ' '
-}
-dirty ()
-{
-    [ $(( $(header_u64 "$1" 72) & 1 )) = 1 ]
-}
 # qemu_dirty IMAGE QEMU-IO-COMMANDS...: run the commands on IMAGE and
 # kill qemu-io before it closes it: the image is left dirty with stale
 # refcounts, which qemu-img check reports.
@@ -37,7 +29,7 @@ qemu_dirty ()
     shift
     for c in "$@"; do args+=(-c "$c"); done
     qemu-io "${args[@]}" -c 'sigraise 9' "$img" > /dev/null 2>&1 || true
-    dirty "$img" || fail "$img: qemu-io did not leave the dirty bit"
+    image_dirty "$img" || fail "$img: qemu-io did not leave the dirty bit"
     qemu-img check "$img" > precheck.out 2>&1 && fail "$img: qemu-img check finds nothing to repair"
     grep -c "^ERROR" precheck.out > /dev/null || { cat precheck.out; fail "$img: no refcount error to repair"; }
 }
@@ -76,7 +68,7 @@ check_clean ()
     qemu-img check "$1" > check.out 2>&1 || { cat check.out; fail "$2: qemu-img check after the repair"; }
     grep -q "No errors were found" check.out || { cat check.out; fail "$2: qemu-img check is not clean"; }
     grep -qi "leak" check.out && { cat check.out; fail "$2: leaked clusters after the repair"; }
-    dirty "$1" && fail "$2: the dirty bit is still set"
+    image_dirty "$1" && fail "$2: the dirty bit is still set"
     return 0
 }
 # serve FORM IMAGE [NBDKIT-OPTIONS...]: with the debug lines of the

@@ -41,35 +41,6 @@ for i in range(60):
     print(kind, off, n, rng.randrange(1, 255) if kind == "w" else "")
 EOF
 }
-through_nbd ()
-{
-    "$PYTHON" -c '
-import nbd, sys
-h = nbd.NBD()
-h.connect_uri(sys.argv[1])
-for line in sys.stdin:
-    op = line.split()
-    if op[0] == "w":
-        h.pwrite(bytes([int(op[3])]) * int(op[2]), int(op[1]))
-    elif op[0] == "z":
-        h.zero(int(op[2]), int(op[1]))
-    elif op[0] == "t":
-        h.trim(int(op[2]), int(op[1]))
-h.flush()
-h.shutdown()' "$1" || { cat "$PWD/sock.log"; fail "the writes through NBD failed"; }
-}
-through_qemu_io ()
-{
-    local args=() kind off len pat
-    while read -r kind off len pat; do
-        case $kind in
-            w) args+=(-c "write -P $pat $off $len") ;;
-            z) args+=(-c "write -z $off $len") ;;
-            t) args+=(-c "discard $off $len") ;;
-        esac
-    done
-    qemu-io "${args[@]}" "$1" > qemu-io.out || { cat qemu-io.out; fail "qemu-io on $1"; }
-}
 # allocated IMAGE: the bytes qemu-img map says the image itself holds.
 allocated ()
 {
@@ -107,9 +78,9 @@ for cs in 16384 65536 2097152; do
             else
                 start_nbdkit "$PWD/sock" "$PLUGIN" ours.qcow2
             fi
-            through_nbd "$(nbd_uri "$PWD/sock")" < ops.txt
+            apply_ops_nbd "$(nbd_uri "$PWD/sock")" < ops.txt
             stop_server
-            through_qemu_io theirs.qcow2 < ops.txt
+            apply_ops_qemu_io theirs.qcow2 < ops.txt
             same_as_qemu "$label" ours.qcow2 theirs.qcow2
             echo "$label: $(wc -l < ops.txt) operations: check clean, data and map as qemu's"
         done
@@ -126,9 +97,9 @@ for cs in 65536 2097152; do
     truncate -s +8M ours.qcow2
     echo "w 1052672 4096 85" > ops.txt
     start_server "$PWD/sock" file ours.qcow2
-    through_nbd "$(nbd_uri "$PWD/sock")" < ops.txt
+    apply_ops_nbd "$(nbd_uri "$PWD/sock")" < ops.txt
     stop_server
-    through_qemu_io theirs.qcow2 < ops.txt
+    apply_ops_qemu_io theirs.qcow2 < ops.txt
     same_as_qemu "4 KiB write, cluster $cs" ours.qcow2 theirs.qcow2
     a=$(allocated ours.qcow2) b=$(allocated theirs.qcow2)
     [ "$a" = "$b" ] || fail "cluster $cs: a 4 KiB write allocated $a bytes, qemu's $b"
