@@ -8,8 +8,9 @@
 # info lists the same bitmaps
 # and qemu-nbd -B gives the same map for each; the disabled bitmap and
 # the one in use are byte for byte as they were, qemu-img check is clean.
-# A session that only reads leaves the file as it was.  After kill -9 of
-# nbdkit, qemu reports the bitmaps inconsistent.  Bitmaps that cannot be
+# A session that only reads leaves the file as it was.  SIGTERM while the
+# client is connected leaves them consistent; after kill -9 of nbdkit,
+# qemu reports them inconsistent.  Bitmaps that cannot be
 # kept (an unknown flag, an unknown type) are dropped as before, with the
 # reason in the log; a bitmap table outside the file or on top of the L1
 # table refuses writing, and nothing is written.
@@ -183,7 +184,41 @@ grep -q "^frozen  65536" <<<"$info" || fail "after kill -9: frozen changed"
 qemu-img check killed.qcow2 > check.out 2>&1 || [ $? = 3 ] || { cat check.out; fail "after kill -9: qemu-img check"; }
 echo "kill -9: qemu reports $TRACKED inconsistent, frozen and stale unchanged"
 
-# 6. Bitmaps that cannot be kept: dropped as before, with the reason.
+# 6. nbdkit stopped (SIGTERM) while the client is still connected:
+# nbdkit 1.32 then skips the plugin's close, and the plugin's unload
+# finishes the image instead; the filter finishes it as it finalizes.
+# Both leave the bitmaps consistent, with the writes marked, and no leak.
+for form in filter plugin; do
+    cp base.qcow2 stopped.qcow2
+    truncate -s +4M stopped.qcow2
+    if [ $form = filter ]; then
+        start_server "$PWD/sock" file stopped.qcow2
+    else
+        start_nbdkit "$PWD/sock" "$PLUGIN" stopped.qcow2
+    fi
+    "$PYTHON" -c '
+import nbd, os, sys, time
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pwrite(b"\x5c" * 70000, 9 << 20)
+h.flush()
+h.pwrite(b"\x5d" * 512, 30 << 20)
+os.kill(int(sys.argv[2]), 15)
+# nbdkit is quitting before the connection ends, which it waits for.
+time.sleep(1)' "$(nbd_uri "$PWD/sock")" "$SERVER_PID" ||
+        { cat "$PWD/sock.log"; fail "$form: the writes before SIGTERM failed"; }
+    stop_server
+    info=$(bitmap_info stopped.qcow2)
+    [ "$(grep in-use <<<"$info" | cut -d' ' -f1)" = stale ] ||
+        { echo "$info"; fail "$form, SIGTERM: a tracked bitmap was left in use"; }
+    qemu-img check stopped.qcow2 > check.out 2>&1 || { cat check.out; fail "$form, SIGTERM: qemu-img check"; }
+    marked=$(bitmap_map stopped.qcow2 daily | awk '$3 == 1 { print $1 }' | tr '\n' ' ')
+    [[ " $marked " == *" 9437184 "* ]] && [[ " $marked " == *" 31457280 "* ]] ||
+        fail "$form, SIGTERM: daily does not mark the writes ($marked)"
+    echo "$form, SIGTERM with the client connected: the bitmaps consistent, the writes marked, check clean"
+done
+
+# 7. Bitmaps that cannot be kept: dropped as before, with the reason.
 for bad in "flags 0x6 has unknown flags 0x4" "type 2 is of unknown type 2"; do
     read -r field value reason <<<"$bad"
     cp base.qcow2 bad.qcow2
@@ -200,7 +235,7 @@ for bad in "flags 0x6 has unknown flags 0x4" "type 2 is of unknown type 2"; do
     echo "bitmap that $reason: dropped as before; the log says: $(grep -o "persistent bitmaps: [^;]*" "$PWD/sock.log" | head -1)"
 done
 
-# 7. A bitmap table outside the file, or on top of the refcount table
+# 8. A bitmap table outside the file, or on top of the refcount table
 # (whose entries it then reads as valid ones): writing refused, nothing
 # written; reading still works.
 for bad in "eof+65536 lies outside the file" \
