@@ -34,6 +34,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,7 +191,10 @@ record_pause (unsigned max_us)
 
   if (max_us == 0)
     return;
-  x = state += 0x9E3779B97F4A7C15ULL;
+  /* Not "x = state += ...": clang 14 types that value _Atomic and refuses
+   * to assign it to x.
+   */
+  x = atomic_fetch_add (&state, 0x9E3779B97F4A7C15ULL) + 0x9E3779B97F4A7C15ULL;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
   x ^= x >> 27;
   ts.tv_sec = 0;
