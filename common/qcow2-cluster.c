@@ -40,6 +40,7 @@
 #include "qcow2-encrypt.h"
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
+#include "qcow2-first-change.h"
 #include "qcow2-hostio.h"
 #include "qcow2-inflight.h"
 #include "qcow2-map.h"
@@ -545,7 +546,7 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
   /* Before the image's first change, even a write in place waits for the
    * lock held exclusively, which that change needs (qcow2_first_change).
    */
-  if (in_place && atomic_load (&img->autoclear_on_disk))
+  if (in_place && atomic_load (&img->first_change_pending))
     i = 0;
   if (r == 0 && i > 0 && !qcow2_inflight_claimed (&img->inflight, gc0,
                                                   gc0 + i, &ticket)) {
@@ -580,8 +581,9 @@ change_piece (struct qcow2_image *img, struct qcow2_io *io,
 
     if (pc->action == PIECE_NONE)
       continue;
-    /* The first thing the piece changes or writes: the autoclear bits
-     * go first (if this fails, nothing of the piece was changed yet).
+    /* The first thing the piece changes or writes: the image's first
+     * change goes first (if this fails, nothing of the piece was
+     * changed yet).
      */
     if (!in_place && !changes && (r = qcow2_first_change (img, io)) < 0)
       break;

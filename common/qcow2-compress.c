@@ -17,6 +17,7 @@
 #include "qcow2-dedup.h"
 #include "qcow2-endian.h"
 #include "qcow2-entries.h"
+#include "qcow2-first-change.h"
 #include "qcow2-hostio.h"
 #include "qcow2-inflight.h"
 #include "qcow2-map.h"

@@ -27,9 +27,11 @@ enum {
   OFF_MAGIC = 0, OFF_VERSION = 4, OFF_BACKING_OFFSET = 8,
   OFF_BACKING_SIZE = 16, OFF_CLUSTER_BITS = 20, OFF_SIZE = 24,
   OFF_CRYPT = 32, OFF_L1_SIZE = 36, OFF_L1_OFFSET = 40,
-  OFF_REFTABLE_OFFSET = 48, OFF_REFTABLE_CLUSTERS = 56,
+  OFF_REFTABLE_OFFSET = QCOW2_HEADER_REFCOUNT_TABLE_OFFSET,
+  OFF_REFTABLE_CLUSTERS = 56,
   OFF_NB_SNAPSHOTS = 60, OFF_SNAPSHOTS_OFFSET = 64,
-  OFF_INCOMPAT = 72, OFF_COMPAT = 80, OFF_AUTOCLEAR = 88,
+  OFF_INCOMPAT = QCOW2_HEADER_INCOMPATIBLE_FEATURES, OFF_COMPAT = 80,
+  OFF_AUTOCLEAR = QCOW2_HEADER_AUTOCLEAR_FEATURES,
   OFF_REFCOUNT_ORDER = 96, OFF_HEADER_LENGTH = 100,
   OFF_COMPRESSION_TYPE = 104,
   V2_HEADER_LENGTH = 72, V3_MIN_HEADER_LENGTH = 104,
@@ -287,4 +289,43 @@ qcow2_header_walk_extensions (const uint8_t *buf, size_t len,
   }
   /* qemu accepts a header area with no end marker if it is full. */
   return 0;
+}
+
+struct find_bitmaps {
+  const uint8_t *buf;
+  struct qcow2_bitmaps_ext *ext;
+};
+
+static int
+find_bitmaps_ext (void *opaque, uint32_t type, const uint8_t *data,
+                  uint32_t len)
+{
+  struct find_bitmaps *fb = opaque;
+  struct qcow2_bitmaps_ext *ext = fb->ext;
+
+  if (type != QCOW2_EXT_BITMAPS)
+    return 0;
+  ext->found = true;
+  ext->len = len;
+  ext->data_pos = data - fb->buf;
+  if (len == QCOW2_BITMAPS_EXT_BYTES) {
+    ext->nb_bitmaps = be32 (data);
+    ext->reserved = be32 (data + 4);
+    ext->directory_size = be64 (data + 8);
+    ext->directory_offset = be64 (data + 16);
+  }
+  return 1;
+}
+
+int
+qcow2_header_find_bitmaps (const uint8_t *buf, size_t len,
+                           const struct qcow2_header *h,
+                           struct qcow2_bitmaps_ext *ext,
+                           char *errbuf, size_t errlen)
+{
+  struct find_bitmaps fb = { .buf = buf, .ext = ext };
+
+  memset (ext, 0, sizeof *ext);
+  return qcow2_header_walk_extensions (buf, len, h, find_bitmaps_ext, &fb,
+                                       errbuf, errlen);
 }

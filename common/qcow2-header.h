@@ -28,6 +28,17 @@
 
 #define QCOW2_COMPAT_LAZY_REFCOUNTS (UINT64_C (1) << 0)
 
+/* Autoclear feature bits: a writer that does not keep what a bit vouches
+ * for valid clears the bit before its first change.
+ */
+#define QCOW2_AUTOCLEAR_BITMAPS       (UINT64_C (1) << 0)
+#define QCOW2_AUTOCLEAR_DATA_FILE_RAW (UINT64_C (1) << 1)
+
+/* Where the header fields that the engine rewrites lie (qcow2.txt). */
+#define QCOW2_HEADER_REFCOUNT_TABLE_OFFSET  48   /* u64, then u32 clusters */
+#define QCOW2_HEADER_INCOMPATIBLE_FEATURES  72   /* u64 */
+#define QCOW2_HEADER_AUTOCLEAR_FEATURES     88   /* u64 */
+
 /* Header extension types. */
 #define QCOW2_EXT_END            0x00000000u
 #define QCOW2_EXT_BACKING_FORMAT 0xe2792acau
@@ -106,5 +117,30 @@ int qcow2_header_walk_extensions (const uint8_t *buf, size_t len,
                                   const struct qcow2_header *h,
                                   qcow2_ext_fn fn, void *opaque,
                                   char *errbuf, size_t errlen);
+
+/* The bitmaps extension (0x23852875, qcow2.txt "Bitmaps extension"):
+ * 24 bytes, nb_bitmaps (u32), reserved (u32), bitmap_directory_size
+ * (u64), bitmap_directory_offset (u64).
+ */
+#define QCOW2_BITMAPS_EXT_BYTES 24
+struct qcow2_bitmaps_ext {
+  bool found;
+  uint32_t len;                     /* of the extension's data */
+  uint64_t data_pos;                /* where its data lies in the file */
+  uint32_t nb_bitmaps;
+  uint32_t reserved;
+  uint64_t directory_size;
+  uint64_t directory_offset;
+};
+
+/* Find the bitmaps extension among the header extensions in BUF (as for
+ * qcow2_header_walk_extensions).  EXT->found is false without one; its
+ * fields are only filled when the length is QCOW2_BITMAPS_EXT_BYTES.
+ * -1 with a sentence in ERRBUF if the extension area is broken, else 0.
+ */
+int qcow2_header_find_bitmaps (const uint8_t *buf, size_t len,
+                               const struct qcow2_header *h,
+                               struct qcow2_bitmaps_ext *ext,
+                               char *errbuf, size_t errlen);
 
 #endif /* QCOW2_HEADER_H */

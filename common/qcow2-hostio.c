@@ -94,33 +94,6 @@ qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
 }
 
 int
-qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
-{
-  uint8_t zero[8] = { 0 };
-  int r;
-
-  if (!img->autoclear_on_disk)
-    return 0;
-  /* This writer keeps none of the structures the autoclear bits vouch
-   * for (persistent bitmaps above all), so they go, durably, before
-   * anything they vouch for changes.  The flag goes first, so that the
-   * write of the bits below does not come back here.
-   */
-  img->autoclear_on_disk = false;
-  qcow2_debug (img, "first change: clearing autoclear_features 0x%" PRIx64,
-               img->header.autoclear_features);
-  r = qcow2_pwrite_logged (img, io, zero, sizeof zero, 88);
-  if (r == 0)
-    r = qcow2_flush_logged (img, io);
-  if (r < 0) {
-    img->autoclear_on_disk = true;
-    return r;
-  }
-  img->header.autoclear_features = 0;
-  return 0;
-}
-
-int
 qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,
                      const void *buf, uint64_t len, uint64_t offset)
 {
@@ -131,10 +104,10 @@ qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,
                  PRIx64 " would go past the end of the file", len, offset);
     return -EIO;
   }
-  if (atomic_load_explicit (&img->autoclear_on_disk, memory_order_relaxed)) {
+  if (atomic_load_explicit (&img->first_change_pending,
+                           memory_order_relaxed)) {
     qcow2_error (img, "internal error: a write of %" PRIu64 " bytes at 0x%"
-                 PRIx64 " before the autoclear bits were cleared", len,
-                 offset);
+                 PRIx64 " before the image's first change", len, offset);
     return -EIO;
   }
   r = io->pwrite (io->opaque, buf, len, offset);

@@ -7,16 +7,15 @@
  * warnings and debug lines go to the struct qcow2_log given at open.
  *
  * Offers: qcow2_error, qcow2_warning, qcow2_debug, qcow2_debug_if,
- * qcow2_pread_clamped, qcow2_first_change, qcow2_pwrite_logged,
- * qcow2_flush_logged, qcow2_online_cpus.
+ * qcow2_pread_clamped, qcow2_pwrite_logged, qcow2_flush_logged,
+ * qcow2_online_cpus.
  * Locks: none taken.  The I/O calls are made only from a thread that
  * called into the engine, never from pool workers (struct qcow2_io's
  * rule), with or without the image lock: the file size they clamp to
  * only grows (under the image lock, when clusters are allocated) and is
- * read atomically.  qcow2_first_change with the image lock held
- * exclusively.
- * Needs: the image's log, options and counters, and the header's
- * autoclear bits (qcow2_first_change); nothing else.
+ * read atomically.
+ * Needs: the image's log, options and counters, and whether the image's
+ * first change is still to come (qcow2-first-change.h); nothing else.
  */
 #ifndef QCOW2_HOSTIO_H
 #define QCOW2_HOSTIO_H
@@ -45,37 +44,9 @@ void qcow2_debug_if (struct qcow2_image *img, unsigned flag,
 int qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
                          void *buf, uint64_t len, uint64_t offset);
 
-/* Nothing on disk changes until the first change: opening an image for
- * writing writes nothing (a session that only reads through a writable
- * export leaves the file byte for byte as it was).  What the open would
- * have changed is done here instead: the header's autoclear bits are
- * cleared (this writer keeps none of the structures they vouch for,
- * persistent bitmaps above all) and flushed, so that they are durably
- * clear before anything they vouch for changes.
- *
- * The contract, which every write path keeps:
- * - It runs, to completion, before the first write of anything to the
- *   image (data, L2 and L1 tables, refcounts, header fields), by any
- *   thread.
- * - It runs with the image lock held exclusively, which it keeps until
- *   the bits are flushed.  Data is written without that lock, so a write
- *   path calls this under the lock before it decides its first change
- *   (qcow2-cluster.c, qcow2-compress.c), or sees img->autoclear_on_disk
- *   clear under the lock (held shared is enough: the flag changes only
- *   under it held exclusively) before it lets its data go.  Metadata is
- *   written back only once something changed, so after it.
- * - qcow2_pwrite_logged refuses, as an internal error, a write while the
- *   flag is still set: a path that forgot fails loudly, having written
- *   nothing.
- * Returns 0 (at once if nothing is left to clear), or -errno after
- * logging: the flag stays set, so that the next write tries again, and
- * the write that called it fails having written nothing of its own.
- */
-int qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io);
-
 /* Write [OFFSET, OFFSET+LEN) of the image underneath, which must lie
- * inside the file and not come before qcow2_first_change (-EIO, an
- * internal error, if either does).  Counts the bytes towards the next
+ * inside the file and not come before the image's first change
+ * (qcow2-first-change.h: -EIO, an internal error, if either does).  Counts the bytes towards the next
  * flush.  0, or -errno after logging.
  */
 int qcow2_pwrite_logged (struct qcow2_image *img, struct qcow2_io *io,

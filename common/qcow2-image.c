@@ -6,8 +6,8 @@
  * header (qcow2-header.h), opens the backing file, unlocks an encrypted
  * image (qcow2-encrypt.h), reads the snapshot table (and picks the
  * snapshot to serve), loads the L1 table, makes the caches and, for
- * writing, loads the refcounts and sets up the allocator and the dedup
- * table.  No lock: nobody else sees the image
+ * writing, reads the persistent bitmaps, loads the refcounts and sets up
+ * the allocator and the dedup table.  No lock: nobody else sees the image
  * until open returns, nor after close begins.
  */
 
@@ -23,17 +23,20 @@
 #include "qcow2-types.h"
 #include "qcow2-alloc.h"
 #include "qcow2-backing.h"
+#include "qcow2-bitmap.h"
 #include "qcow2-cache.h"
 #include "qcow2-codec.h"
 #include "qcow2-compress.h"
 #include "qcow2-dedup.h"
 #include "qcow2-encrypt.h"
+#include "qcow2-first-change.h"
 #include "qcow2-endian.h"
 #include "qcow2-header.h"
 #include "qcow2-hostio.h"
 #include "qcow2-inflight.h"
 #include "qcow2-map.h"
 #include "qcow2-refcount.h"
+#include "qcow2-repair.h"
 #include "qcow2-scratch.h"
 #include "qcow2-snapshot.h"
 #include "qcow2-tablemap.h"
@@ -48,11 +51,16 @@ log_extension (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)
 }
 
 /* What writing needs beyond reading: refusals of what cannot be written
- * safely, the refcounts and scratch space.  Nothing is written yet: see
- * qcow2_first_change (qcow2-hostio.h).
+ * safely, the persistent bitmaps, the refcounts (repaired if the image
+ * was left dirty) and scratch space.
+ * Nothing is written yet (but the repair of a dirty image): see
+ * qcow2-first-change.h.  FIRST is the first cluster as read (FIRST_LEN
+ * bytes), SNAPSHOTS the snapshot table or NULL.
  */
 static int
-open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
+open_for_writing (struct qcow2_image *img, struct qcow2_io *io,
+                  const uint8_t *first, size_t first_len,
+                  const struct qcow2_snapshot_table *snapshots)
 {
   const struct qcow2_header *h = &img->header;
   int r;
@@ -83,15 +91,17 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
                  "them read-only (nbdkit -r)");
     return -EROFS;
   }
-  if (h->incompatible_features & QCOW2_INCOMPAT_DIRTY) {
-    qcow2_error (img, "incompatible_features: the dirty bit is set (the "
-                 "refcounts may be stale) and the image cannot be written; "
-                 "repair it with qemu-img check -r all or serve it "
-                 "read-only (nbdkit -r)");
-    return -EROFS;
-  }
 
-  r = qcow2_refcount_load (img, io);
+  /* An image left dirty (lazy refcounts) is repaired first, as qemu
+   * repairs it when it opens it for writing.
+   */
+  r = qcow2_bitmaps_open (img, io, first, first_len);
+  if (r == 0)
+    r = h->incompatible_features & QCOW2_INCOMPAT_DIRTY
+      ? qcow2_repair_refcounts (img, io, snapshots)
+      : qcow2_refcount_load (img, io);
+  if (r == 0)
+    r = qcow2_bitmaps_check (img, io);
   if (r < 0)
     return r;
   qcow2_alloc_init (img);
@@ -102,7 +112,7 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io)
     return -ENOMEM;
   }
 
-  img->autoclear_on_disk = h->autoclear_features != 0;
+  qcow2_first_change_arm (img);
   return 0;
 }
 
@@ -126,10 +136,13 @@ init_lock (pthread_rwlock_t *lock)
 /* Read the snapshot table (qemu refuses an image whose table is bad),
  * list it in the debug output and, with opts.snapshot, make the chosen
  * snapshot's L1 table the one served: the reads then see the snapshot,
- * at the active disk's virtual size (as qemu-img convert -l does).
+ * at the active disk's virtual size (as qemu-img convert -l does).  The
+ * table goes to *TABLEP (NULL without snapshots) for the rest of the
+ * open.
  */
 static int
-open_snapshots (struct qcow2_image *img, struct qcow2_io *io)
+open_snapshots (struct qcow2_image *img, struct qcow2_io *io,
+                struct qcow2_snapshot_table **tablep)
 {
   struct qcow2_header *h = &img->header;
   const struct qcow2_snapshot_image im = {
@@ -145,6 +158,7 @@ open_snapshots (struct qcow2_image *img, struct qcow2_io *io)
   uint32_t i;
   int r;
 
+  *tablep = NULL;
   if (img->opts.snapshot == NULL && h->nb_snapshots == 0)
     return 0;
   for (;;) {
@@ -192,7 +206,10 @@ open_snapshots (struct qcow2_image *img, struct qcow2_io *io)
   img->serving_snapshot = true;
 
  out:
-  qcow2_snapshot_table_free (table);
+  if (r == 0)
+    *tablep = table;
+  else
+    qcow2_snapshot_table_free (table);
   free (buf);
   return r;
 }
@@ -216,6 +233,7 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
                   struct qcow2_image **imagep)
 {
   struct qcow2_image *img;
+  struct qcow2_snapshot_table *snapshots = NULL;
   uint8_t *first = NULL;
   size_t first_len;
   int64_t size;
@@ -286,8 +304,6 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   if (opts->passphrase && !img->crypt.enabled && opts->backing_depth == 0)
     qcow2_debug (img, "qcow2-passphrase: the image is not encrypted: "
                  "the passphrase is not used");
-  free (first);
-  first = NULL;
 
   qcow2_debug (img, "qcow2 v%u, cluster size %u, virtual size %" PRIu64
                ", %s compression, L1 %u entries at 0x%" PRIx64
@@ -307,7 +323,7 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   img->csize_mask = (UINT64_C (1) << (img->header.cluster_bits - 8)) - 1;
   img->coffset_mask = (UINT64_C (1) << img->csize_shift) - 1;
 
-  r = open_snapshots (img, io);
+  r = open_snapshots (img, io, &snapshots);
   if (r == 0)
     r = qcow2_l1_load (img, io);
   if (r < 0)
@@ -324,10 +340,14 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   }
 
   if (opts->writable) {
-    r = open_for_writing (img, io);
+    r = open_for_writing (img, io, first, first_len, snapshots);
     if (r < 0)
       goto fail;
   }
+  free (first);
+  first = NULL;
+  qcow2_snapshot_table_free (snapshots);
+  snapshots = NULL;
   if (opts->compress) {
     enum qcow2_compression type = img->header.compression_type;
     int min, max;
@@ -355,6 +375,7 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
 
  fail:
   free (first);
+  qcow2_snapshot_table_free (snapshots);
   qcow2_image_close (img);
   return r;
 }
@@ -368,6 +389,7 @@ qcow2_image_close (struct qcow2_image *img)
   qcow2_cache_free (img->cluster_cache);
   qcow2_backing_close (img);
   qcow2_refcount_free (img);
+  qcow2_bitmaps_free (img);
   qcow2_alloc_free (img);
   tablemap_clear (&img->dirty_l2);
   free (img->l1_dirty);

@@ -54,6 +54,43 @@ entry_set (uint8_t *block, uint64_t index, unsigned order, uint64_t value)
   }
 }
 
+/* The refcount width and block size the header says. */
+static void
+set_geometry (struct qcow2_image *img)
+{
+  const struct qcow2_header *h = &img->header;
+  struct refcounts *rc = &img->rc;
+
+  rc->width_order = h->refcount_order;
+  rc->block_bits = h->cluster_bits + 3 - h->refcount_order;
+  rc->max_refcount = h->refcount_order == 6
+    ? UINT64_MAX : (UINT64_C (1) << (1u << h->refcount_order)) - 1;
+}
+
+void
+qcow2_refcount_geometry (struct qcow2_image *img)
+{
+  set_geometry (img);
+}
+
+int
+qcow2_refcount_start_empty (struct qcow2_image *img, uint64_t entries)
+{
+  struct refcounts *rc = &img->rc;
+
+  qcow2_refcount_free (img);
+  set_geometry (img);
+  rc->table = calloc (entries ? entries : 1, sizeof *rc->table);
+  if (rc->table == NULL) {
+    qcow2_error (img, "out of memory for the refcount table");
+    return -ENOMEM;
+  }
+  rc->table_entries = entries;
+  rc->table_offset = img->header.refcount_table_offset;
+  rc->table_clusters = img->header.refcount_table_clusters;
+  return 0;
+}
+
 int
 qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io)
 {
@@ -63,10 +100,7 @@ qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io)
   uint64_t i;
   int r;
 
-  rc->width_order = h->refcount_order;
-  rc->block_bits = h->cluster_bits + 3 - h->refcount_order;
-  rc->max_refcount = h->refcount_order == 6
-    ? UINT64_MAX : (UINT64_C (1) << (1u << h->refcount_order)) - 1;
+  set_geometry (img);
   rc->table_offset = h->refcount_table_offset;
   rc->table_clusters = h->refcount_table_clusters;
   rc->table_entries = bytes / 8;
@@ -222,6 +256,28 @@ qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
                "below zero: the image's refcounts are corrupt",
                cluster << img->header.cluster_bits);
   return -EIO;
+}
+
+int
+qcow2_refcount_set (struct qcow2_image *img, struct qcow2_io *io,
+                    uint64_t cluster, uint64_t value)
+{
+  struct refcounts *rc = &img->rc;
+  struct meta_table *block;
+  int r = get_block (img, io, cluster >> rc->block_bits, &block);
+
+  if (r < 0)
+    return r;
+  if (block == NULL || value > rc->max_refcount) {
+    qcow2_error (img, "internal error: refcount %" PRIu64 " of host cluster "
+                 "0x%" PRIx64 " cannot be set", value,
+                 cluster << img->header.cluster_bits);
+    return -EIO;
+  }
+  entry_set (block->data, cluster & ((UINT64_C (1) << rc->block_bits) - 1),
+             rc->width_order, value);
+  block->dirty = true;
+  return 0;
 }
 
 int

@@ -9,7 +9,8 @@
  * and when a release may be applied is the allocator's (qcow2-alloc.h).
  *
  * Offers: loading, reading and changing counts, making a block, growing
- * and moving the table, snapshots of blocks and table and their writing.
+ * and moving the table, snapshots of blocks and table and their writing,
+ * and for a repair setting counts and starting an empty table.
  * Locks: every call with the image lock held exclusively, but
  * qcow2_refcount_write, which needs none.
  * Needs: host I/O.
@@ -29,6 +30,15 @@
 int qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io);
 void qcow2_refcount_free (struct qcow2_image *img);
 
+/* For a repair that rebuilds the refcounts (qcow2-repair.h): the width
+ * and block size from the header only, and then an empty table of
+ * ENTRIES entries in memory (forgetting what was loaded), to which blocks
+ * are added, counts set and a place given before it is written.
+ * qcow2_refcount_start_empty: 0, or -ENOMEM after logging.
+ */
+void qcow2_refcount_geometry (struct qcow2_image *img);
+int qcow2_refcount_start_empty (struct qcow2_image *img, uint64_t entries);
+
 /* The refcount of host cluster CLUSTER (0 where no block counts it). */
 int qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
                         uint64_t cluster, uint64_t *refcount);
@@ -41,6 +51,12 @@ int qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
  */
 int qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
                         uint64_t cluster, int delta, uint64_t *now);
+
+/* Set the refcount of CLUSTER, whose block must exist, to VALUE (at most
+ * the width's maximum): for a repair.  0, or -errno after logging.
+ */
+int qcow2_refcount_set (struct qcow2_image *img, struct qcow2_io *io,
+                        uint64_t cluster, uint64_t value);
 
 /* Is there a block for table index RT_INDEX (loading it)? */
 int qcow2_refcount_has_block (struct qcow2_image *img, struct qcow2_io *io,

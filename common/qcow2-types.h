@@ -9,6 +9,8 @@
  * The lock order.  A thread that holds one of these locks takes only
  * locks further down the list, never one above:
  *
+ *  -1. the bitmaps' store lock (qcow2-bitmap.c): one store at a time,
+ *      taken with no other lock held; a store runs writebacks.
  *   0. qcow2_image.writeback_lock: one metadata writeback at a time
  *      (qcow2-writeback.c), taken with no other lock held.
  *   1. qcow2_image.lock (rwlock): the metadata.  Held exclusively to
@@ -25,6 +27,7 @@
  *
  * Leaves, held with no lock taken inside them: qcow2_image.inflight's
  * lock (qcow2-inflight.c), qcow2_image.scratch_lock (qcow2-scratch.c),
+ * the bitmaps' bits lock (qcow2-bitmap.c),
  * qcow2_image.compressors_lock, which guards the start of the
  * compressor threads and is held with no other lock, and a key cache's
  * lock (qcow2-encrypt.c), taken while an image opens.
@@ -55,6 +58,7 @@ struct qcow2_decoder;
 struct qcow2_encoder;
 struct backing;
 struct dedup_slot;
+struct qcow2_bitmaps;
 
 /* A range of host bytes whose clusters lose one reference once the
  * metadata that stopped pointing at them is on disk, and once no
@@ -189,12 +193,15 @@ struct qcow2_image {
   pthread_mutex_t scratch_lock;
   struct write_scratch *free_scratch;
   uint8_t *zero_cluster;
-  /* The header's autoclear bits are still set on the disk: the first
-   * change to the image clears them (set by qcow2-image.c at open,
-   * cleared by qcow2_first_change in qcow2-hostio.c, under the lock held
-   * exclusively; read under the lock, or by qcow2_pwrite_logged).
+  /* The image's first change is still to come: autoclear bits to clear,
+   * bitmaps to mark in use (qcow2-first-change.h: set when the image
+   * opens and after a clean close, cleared by qcow2_first_change, under
+   * the lock held exclusively; read under the lock, or by
+   * qcow2_pwrite_logged).
    */
-  atomic_bool autoclear_on_disk;
+  atomic_bool first_change_pending;
+  /* The persistent bitmaps (qcow2-bitmap.c), NULL without any. */
+  struct qcow2_bitmaps *bitmaps;
 
   /* Encryption (crypt_method 2), and the internal snapshot served
    * instead of the active disk: then the header's l1_size and

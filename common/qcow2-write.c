@@ -1,8 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* qcow2zstd engine: writes, zeroes and trims.
+/* qcow2zstd engine: writes, zeroes, trims, flushes.
  *
- * Implements qcow2_write, qcow2_zero and qcow2_trim (qcow2.h, the
- * contract).  The paths below take the image lock only to decide and
+ * Implements qcow2_write, qcow2_zero, qcow2_trim, qcow2_flush and
+ * qcow2_finish (qcow2.h, the contract).  Each of the first three marks
+ * the range it covers in the persistent bitmaps first, with one call
+ * (qcow2_bitmaps_mark), as qemu's block layer marks whole requests; a
+ * flush stores the bitmaps with the metadata, and the last writer's
+ * finish leaves them consistent (qcow2-bitmap.h).  The paths below take the image lock only to decide and
  * write the data without it (qcow2-cluster.h); the metadata they change
  * reaches the disk in the order qcow2-writeback.h describes.  With
  * compression on, whole clusters are compressed and their compressed
@@ -22,10 +26,12 @@
 #include <string.h>
 
 #include "qcow2-alloc.h"
+#include "qcow2-bitmap.h"
 #include "qcow2-cluster.h"
 #include "qcow2-compress.h"
 #include "qcow2-conn.h"
 #include "qcow2-dedup.h"
+#include "qcow2-first-change.h"
 #include "qcow2-hostio.h"
 #include "qcow2-scratch.h"
 #include "qcow2-writeback.h"
@@ -239,6 +245,7 @@ qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
   qcow2_debug_if (img, QCOW2_DEBUG_MAP, "write 0x%" PRIx64 "+%" PRIu64 "%s%s",
                   offset, count, img->opts.compress ? " (compressing)" : "",
                   fua ? " FUA" : "");
+  qcow2_bitmaps_mark (img, offset, count);
   if (img->opts.compress)
     r = write_compressed (conn, io, buf, count, offset, &result);
   else {
@@ -281,9 +288,11 @@ qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
     if (r == 0 && needs)
       r = -ENOTSUP;
   }
-  if (r == 0)
-    r = change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, count, offset,
-                &result);
+  if (r < 0)
+    return r;
+  qcow2_bitmaps_mark (img, offset, count);
+  r = change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, count, offset,
+              &result);
   if (r == 0)
     r = finish_change (img, io, fua, &result);
   return r;
@@ -298,9 +307,38 @@ qcow2_trim (struct qcow2_image *img, struct qcow2_io *io,
 
   if (r < 0 || count == 0)
     return r;
+  qcow2_bitmaps_mark (img, offset, count);
   r = change (img, io, NULL, NULL, QCOW2_OP_TRIM, NULL, count, offset,
               &result);
   if (r == 0)
     r = finish_change (img, io, fua, &result);
+  return r;
+}
+
+int
+qcow2_flush (struct qcow2_image *img, struct qcow2_io *io)
+{
+  bool cleared;
+
+  if (!img->opts.writable)
+    return 0;
+  return qcow2_bitmaps_store (img, io, QCOW2_STORE_IN_USE, &cleared);
+}
+
+int
+qcow2_finish (struct qcow2_image *img, struct qcow2_io *io)
+{
+  bool cleared;
+  int r;
+
+  if (!img->opts.writable)
+    return 0;
+  r = qcow2_bitmaps_store (img, io, QCOW2_STORE_CLEAN, &cleared);
+  if (cleared) {
+    /* Consistent on disk again: a later write marks them in use first. */
+    pthread_rwlock_wrlock (&img->lock);
+    qcow2_first_change_arm (img);
+    pthread_rwlock_unlock (&img->lock);
+  }
   return r;
 }

@@ -482,11 +482,3 @@ qcow2_writeback_if_idle (struct qcow2_image *img, struct qcow2_io *io)
   pthread_mutex_unlock (&img->writeback_lock);
   return r;
 }
-
-int
-qcow2_flush (struct qcow2_image *img, struct qcow2_io *io)
-{
-  if (!img->opts.writable)
-    return 0;
-  return qcow2_writeback (img, io, true);
-}

@@ -29,12 +29,11 @@
  * that, once the decrements are durable too.
  *
  * Offers: qcow2_l2_for_write (the dirty set), qcow2_too_much_dirty,
- * qcow2_l2_dirty, qcow2_writeback, qcow2_writeback_if_idle, and
- * qcow2_flush (declared in qcow2.h).
+ * qcow2_l2_dirty, qcow2_writeback, qcow2_writeback_if_idle.
  * Locks: qcow2_l2_for_write, qcow2_too_much_dirty and qcow2_l2_dirty with
  * the image lock held (exclusively but for qcow2_l2_dirty); the
- * writebacks and qcow2_flush take the writeback lock and then the image
- * lock themselves, so they are called with no lock held, no claim and not
+ * writebacks take the writeback lock and then the image lock
+ * themselves, so they are called with no lock held, no claim and not
  * registered for a grace period (they wait for grace periods).
  * Needs: the refcounts (their snapshots), the allocator (a new L2 table,
  * the queued releases, the released clusters to discard), the grace

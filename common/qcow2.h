@@ -221,11 +221,23 @@ int qcow2_zero (struct qcow2_image *image, struct qcow2_io *io,
 int qcow2_trim (struct qcow2_image *image, struct qcow2_io *io,
                 uint64_t count, uint64_t offset, bool fua);
 
-/* Write all changed metadata in crash-safe order and flush the image
+/* Write all changed metadata in crash-safe order (the bits of the
+ * persistent bitmaps included, which stay in use) and flush the image
  * underneath, then discard the clusters that became free.  Called for
  * NBD_CMD_FLUSH and before the image closes.
  */
 int qcow2_flush (struct qcow2_image *image, struct qcow2_io *io);
+
+/* The last writer is done: what qcow2_flush does, and then what only a
+ * clean close may do: the persistent bitmaps the image keeps valid are
+ * marked consistent (in_use cleared) once their bits are durable, and
+ * flushed.  Call it with no request in flight and none to come until it
+ * returns (the glue calls it when the image's last connection leaves).
+ * A write after it marks the bitmaps in use again first; an image closed
+ * without it leaves them in use, as a crash does (qemu then reports them
+ * inconsistent).
+ */
+int qcow2_finish (struct qcow2_image *image, struct qcow2_io *io);
 
 /* Decompress the compressed clusters under [OFFSET, OFFSET+COUNT) into
  * the cluster cache, for NBD_CMD_CACHE.

@@ -599,6 +599,58 @@ open(path, "wb").write(out[:size])
 EOF
 }
 
+# ------------------------------------------------------------- images
+# header_u64 IMAGE OFFSET: the big-endian u64 at OFFSET of IMAGE's header.
+header_u64 ()
+{
+    od -An -tu8 --endian=big -j "$2" -N 8 "$1" | tr -d ' '
+}
+
+# image_dirty IMAGE: is the dirty bit (incompatible feature bit 0) set?
+image_dirty ()
+{
+    [ $(( $(header_u64 "$1" 72) & 1 )) = 1 ]
+}
+
+# Lists of operations, one a line: "w OFFSET LENGTH PATTERN" (LENGTH
+# bytes of the byte PATTERN), "z OFFSET LENGTH" (zero), "t OFFSET LENGTH"
+# (trim or discard), "f" (flush).
+# apply_ops_nbd URI < OPS: through NBD, one connection, no flush but the
+# listed ones; fails the test if a request fails.
+apply_ops_nbd ()
+{
+    /usr/bin/python3 -c '
+import nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+for line in sys.stdin:
+    op = line.split()
+    if op[0] == "w":
+        h.pwrite(bytes([int(op[3])]) * int(op[2]), int(op[1]))
+    elif op[0] == "z":
+        h.zero(int(op[2]), int(op[1]))
+    elif op[0] == "t":
+        h.trim(int(op[2]), int(op[1]))
+    else:
+        h.flush()
+h.shutdown()' "$1" || fail "the operations through $1 failed"
+}
+# apply_ops_qemu_io IMAGE < OPS: the same with one qemu-io on IMAGE.
+apply_ops_qemu_io ()
+{
+    local args=() kind off len pat
+    while read -r kind off len pat; do
+        case $kind in
+            w) args+=(-c "write -P $pat $off $len") ;;
+            z) args+=(-c "write -z $off $len") ;;
+            t) args+=(-c "discard $off $len") ;;
+            f) args+=(-c flush) ;;
+        esac
+    done
+    qemu-io "${args[@]}" "$1" > "$TMPDIR_TEST/qemu-io.out" ||
+        { cat "$TMPDIR_TEST/qemu-io.out"; fail "qemu-io on $1"; }
+}
+
 # ------------------------------------------------------ the test's end
 # _cleanup [STATUS]: the exit trap.  STATUS is the test's exit status
 # ($? by default; a test whose own trap runs something first passes

@@ -8,6 +8,8 @@
 #       [--states N] [--seed S] [--create CLUSTER_SIZE]
 #       [--keep-unformatted PATH] [--expect-discards] [--expect-cut]
 #       [--secret FILE] [--snapshot ID=RAW]...
+#       [--bitmap NAME=MAP]... [--frozen-bitmap NAME=MAP]...
+#       [--repair-dirty filter|plugin=SO [--nbdkit-env ARG]...]
 #       [--workdir DIR] [--jobs J] [--self-check]
 #
 # The log is in device order (record-log.h): every change to the storage
@@ -50,9 +52,27 @@
 # With --secret, the image is LUKS-encrypted and qemu opens it with the
 # passphrase in FILE.  Each --snapshot ID=RAW is an internal snapshot that every state must still
 # hold exactly as RAW (qemu-img convert -l snapshot.id=ID).
+#
+# Each --bitmap NAME=MAP is an enabled persistent bitmap, MAP its dirty
+# map when the log began (nbdinfo --map=qemu:dirty-bitmap:NAME of
+# qemu-nbd -B NAME): in every state where qemu finds it consistent (not
+# in use), it must mark every guest sector that differs from
+# --initial-raw (a write or zero that reached the disk); at the end of
+# the log (a clean close) it must be consistent and mark exactly MAP and
+# the granules of every operation of the shadow.  Each
+# --frozen-bitmap NAME=MAP is a disabled one: never in use, and its map
+# MAP in every state.
+#
+# With --repair-dirty FORM=SO, a state with the dirty bit set (the
+# refcounts may be stale) is first opened for writing by nbdkit with SO,
+# the filter (over the file plugin) or the plugin form, whose open
+# repairs it; the open must succeed and leave the bit clear, and the
+# state is then checked as any other.  Each --nbdkit-env ARG goes before nbdkit on its command line
+# (the sanitizers' runtime, valgrind).
 
 import argparse
 import bisect
+import json
 import os
 import random
 import re
@@ -257,8 +277,13 @@ def unformatted(state, cluster):
     return head.count(0) == len(head)
 
 
-def worker_init(shadow_path, initial_raw, vsize, create, secret, snapshots):
+def worker_init(shadow_path, initial_raw, vsize, create, secret, snapshots,
+                bitmaps, repair, nbdkit_env):
     W["secret"] = os.path.abspath(secret) if secret else None
+    W["repair"] = repair
+    W["nbdkit_env"] = nbdkit_env
+    W["bitmaps"] = {name: (kind, open(path).read())
+                    for kind, name, path in bitmaps}
     W["snapshots"] = [(i, open(raw, "rb").read()) for i, raw in snapshots]
     W["ops"] = read_shadow(shadow_path)
     W["initial"] = (open(initial_raw, "rb").read() if initial_raw
@@ -408,9 +433,112 @@ def qemu_read(image, raw, options=()):
     return got, None
 
 
-def check_state(path, pos, label, lost=()):
+def dirty_granules(map_text, granularity):
+    """The set of granule indexes a dirty map marks."""
+    out = set()
+    for line in map_text.splitlines():
+        f = line.split()
+        if len(f) >= 3 and f[2] == "1":
+            start, length = int(f[0]), int(f[1])
+            out.update(range(start // granularity,
+                             (start + length + granularity - 1) // granularity))
+    return out
+
+
+def bitmap_info(image):
+    """{name: (flags, granularity)} of IMAGE's bitmaps, or an error."""
+    r = subprocess.run(["qemu-img", "info", "--output=json", *image],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"qemu-img info failed: {r.stderr}"
+    data = json.loads(r.stdout).get("format-specific", {}).get("data", {})
+    return {b["name"]: (b["flags"], b["granularity"])
+            for b in data.get("bitmaps", [])}
+
+
+def bitmap_map(path, name):
+    r = subprocess.run(["nbdinfo", f"--map=qemu:dirty-bitmap:{name}", "--",
+                        "[", "qemu-nbd", "-r", "-B", name, "-f", "qcow2",
+                        path, "]"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, r.stderr
+    return r.stdout, None
+
+
+def check_bitmaps(path, image, got, final):
+    """None if the bitmaps of the state at PATH (guest disk GOT as qemu
+    reads it) are right, else what is wrong.
+    """
+    info = bitmap_info(image)
+    if isinstance(info, str):
+        return info
+    initial = W["initial"]
+    changed = None
+    for name, (kind, want_map) in W["bitmaps"].items():
+        if name not in info:
+            return f"bitmap {name} is gone ({sorted(info)} are left)"
+        flags, gran = info[name]
+        in_use = "in-use" in flags
+        if kind == "frozen" and in_use:
+            return f"the disabled bitmap {name} is in use"
+        if in_use:
+            if final:
+                return f"bitmap {name} is still in use after the clean close"
+            continue
+        text, err = bitmap_map(path, name)
+        if err:
+            return f"qemu-nbd -B {name} failed: {err}"
+        marked = dirty_granules(text, gran)
+        if kind == "frozen":
+            if marked != dirty_granules(want_map, gran):
+                return f"the disabled bitmap {name} changed"
+            continue
+        if changed is None:
+            changed = [s for s in range(len(got) // SECTOR)
+                       if got[s * SECTOR:(s + 1) * SECTOR] !=
+                       initial[s * SECTOR:(s + 1) * SECTOR]]
+        for sec in changed:
+            if sec * SECTOR // gran not in marked:
+                return (f"bitmap {name} is consistent but misses guest "
+                        f"sector {sec}, which a write changed on disk")
+        if final:
+            want = dirty_granules(want_map, gran)
+            for op in W["ops"]:
+                if op["op"] in ("W", "Z"):
+                    want.update(range(op["off"] // gran,
+                                      (op["off"] + op["len"] + gran - 1) // gran))
+            if marked != want:
+                return (f"bitmap {name} after the clean close marks "
+                        f"{len(marked)} granules, the operations "
+                        f"{len(want)}: {len(marked - want)} more, "
+                        f"{len(want - marked)} fewer")
+    return None
+
+
+def is_dirty(path):
+    with open(path, "rb") as f:
+        f.seek(72)
+        return struct.unpack(">Q", f.read(8))[0] & 1 == 1
+
+
+def repair_dirty(path):
+    """None once the engine's open repaired the dirty state at PATH."""
+    form, so = W["repair"].split("=", 1)
+    serve = [f"--filter={so}", "file", path] if form == "filter" else [so, path]
+    r = subprocess.run([*W["nbdkit_env"], "nbdkit", "-U", "-", *serve,
+                        "--run", "nbdinfo --size \"$uri\""],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return (f"{form} did not repair the dirty state (status "
+                f"{r.returncode}): {r.stderr[-1500:]}")
+    if is_dirty(path):
+        return f"the dirty bit is still set after the {form}'s open"
+    return None
+
+
+def check_state(path, pos, label, lost=(), final=False):
     """None if the state at PATH is fine for a crash at log offset POS,
-    else what is wrong.
+    else what is wrong; FINAL for the end of the log.
     """
     try:
         req, any_returned = required_at(pos)
@@ -425,6 +553,10 @@ def check_state(path, pos, label, lost=()):
             err = refers_to_lost(f.read(), list(lost))
         if err:
             return err
+        if W["repair"] and is_dirty(path):
+            err = repair_dirty(path)
+            if err:
+                return err
         if W["secret"]:
             image = ["--object", f"secret,id=s0,file={W['secret']}",
                      "--image-opts",
@@ -449,6 +581,10 @@ def check_state(path, pos, label, lost=()):
         want = expected_at(req)
         if len(got) != W["vsize"]:
             return f"the disk is {len(got)} bytes, not {W['vsize']}"
+        if W["bitmaps"]:
+            err = check_bitmaps(path, image, got, final)
+            if err:
+                return err
         if got == want:
             return None
         for c in range(0, len(got), 65536):
@@ -488,6 +624,10 @@ def main():
     ap.add_argument("--expect-cut", action="store_true")
     ap.add_argument("--secret")
     ap.add_argument("--snapshot", action="append", default=[])
+    ap.add_argument("--bitmap", action="append", default=[])
+    ap.add_argument("--frozen-bitmap", action="append", default=[])
+    ap.add_argument("--repair-dirty")
+    ap.add_argument("--nbdkit-env", action="append", default=[])
     ap.add_argument("--workdir", default=".")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--self-check", action="store_true")
@@ -590,7 +730,7 @@ def main():
     plan.sort(key=lambda p: (barrier(p[0]), p[0]))
 
     counts = {"boundary": 0, "subset": 0, "torn": 0, "unformatted": 0,
-              "in flight": 0, "holding one": 0}
+              "in flight": 0, "holding one": 0, "dirty": 0}
     failures = []
     keep_candidate = None
     dev = bytearray(open(a.initial, "rb").read()) if a.initial != "none" else bytearray()
@@ -610,7 +750,10 @@ def main():
     with ProcessPoolExecutor(a.jobs, initializer=worker_init,
                              initargs=(a.shadow, a.initial_raw, a.size,
                                        a.create, a.secret,
-                                       [x.split("=", 1) for x in a.snapshot])) as pool:
+                                       [x.split("=", 1) for x in a.snapshot],
+                                       [("tracked", *x.split("=", 1)) for x in a.bitmap] +
+                                       [("frozen", *x.split("=", 1)) for x in a.frozen_bitmap],
+                                       a.repair_dirty, a.nbdkit_env)) as pool:
         for number, (pos, kind, subset) in enumerate(plan):
             b = barrier(pos)
             while applied < len(by_done) and by_done[applied].done <= b:
@@ -645,12 +788,15 @@ def main():
             if a.create and unformatted(state, a.create):
                 counts["unformatted"] += 1
                 keep_candidate = bytes(state)
+            if len(state) >= 80 and state[79] & 1:
+                counts["dirty"] += 1
             path = os.path.join(a.workdir, f"state-{number}.img")
             with open(path, "wb") as f:
                 f.write(state)
             futures.append((label, pool.submit(
                 check_state, path, pos, label,
-                lost_ranges(state_lost, len(state_lost)))))
+                lost_ranges(state_lost, len(state_lost)),
+                subset == "all")))
             # A few states on disk at a time, not all of them.
             while len(futures) - done >= 2 * a.jobs:
                 collect(futures[done])
@@ -676,6 +822,8 @@ def main():
           f"flush returns, {counts['subset']} with later changes, "
           f"{counts['torn']} with torn writes, 1 at the end of the log"
           + (f"; {counts['unformatted']} not formatted yet" if a.create else "")
+          + (f"; {counts['dirty']} dirty, repaired by the {a.repair_dirty.split('=')[0]} first"
+             if a.repair_dirty else "")
           + f"; {counts['in flight']} with requests in flight, "
           f"{counts['holding one']} holding part of one) from "
           f"{len(changes)} changes ({ndiscards} discards, {ncuts} cuts) and "

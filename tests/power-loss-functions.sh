@@ -25,6 +25,10 @@
 #       is blind, and the test fails).  Call it before power_loss_check,
 #       which removes what the run left.
 #
+#   power_loss_base_raw FILE
+#       Writes an 8 MiB disk of text and random sectors (write id 0, as
+#       tests/powerloss.py makes them) with holes to FILE.
+#
 # For another write path, reuse both: a workload of its own (a new entry
 # of power-loss-workload.py, or any client that writes the shadow log of
 # tests/powerloss.py) and the same check.
@@ -105,4 +109,22 @@ power_loss_self_check ()
         --size "$size" --workdir "$name.self-check" "$@" --self-check ||
         fail "$name: the checker found nothing wrong with a replay that ignores device flushes"
     rm -rf "$name.self-check"
+}
+
+power_loss_base_raw ()
+{
+    "$PYTHON" - "$top_srcdir/tests" "$1" <<'EOF'
+import random, sys
+sys.path.insert(0, sys.argv[1])
+from powerloss import write_data
+rng = random.Random(7)
+out = bytearray()
+for c in range(128):
+    kind = rng.randrange(4)
+    if kind == 0:
+        out += bytes(65536)
+    else:
+        out += write_data(0, c * 65536, 65536, kind != 3)
+open(sys.argv[2], "wb").write(out)
+EOF
 }

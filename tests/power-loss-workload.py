@@ -26,6 +26,9 @@
 #              release clusters to be discarded, three rounds; then the
 #              whole disk trimmed (the plugin form cuts its file) and
 #              written again
+#   bitmaps    writes of 512 bytes to three clusters, zeroes and trims of
+#              whole clusters, a flush every few operations (for an image
+#              with persistent bitmaps: each operation marks them)
 
 import os
 import random
@@ -131,6 +134,19 @@ elif name == "discard":
     for i in range(4):
         sh.write(*some_clusters(), True)
     sh.flush()
+elif name == "bitmaps":
+    clusters = size // cluster
+    for i in range(40):
+        kind = rng.randrange(6)
+        if kind == 0:
+            sh.zero(*some_range(3 * cluster))
+        elif kind == 1:
+            n = rng.randrange(1, 4)
+            sh.trim(rng.randrange(0, clusters - n + 1) * cluster, n * cluster)
+        else:
+            sh.write(*some_range(3 * cluster), rng.randrange(2) == 0)
+        if i % 5 == 4:
+            sh.flush()
 else:
     sys.exit(f"unknown workload {name}")
 batches, in_flight_flushes = sh.close()

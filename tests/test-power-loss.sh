@@ -22,6 +22,8 @@
 # self-check per form: the checker must find flushed data lost when the
 # replay ignores the device's flushes.  Every workload is a section
 # (functions.sh: QCOW2ZSTD_SECTIONS=test-power-loss:filter-create ...).
+# test-power-loss-meta.sh has the persistent bitmaps and the repair of
+# images left dirty.
 source "${top_srcdir:-.}/tests/functions.sh"
 source "$top_srcdir/tests/power-loss-functions.sh"
 requires qemu-img qemu-io
@@ -32,10 +34,6 @@ cd "$TMPDIR_TEST"
 STATES=${POWER_LOSS_STATES:-90}
 M=$((1 << 20))
 
-header_u64 ()
-{
-    od -An -tu8 --endian=big -j "$2" -N 8 "$1" | tr -d ' '
-}
 header_u32 ()
 {
     od -An -tu4 --endian=big -j "$2" -N 4 "$1" | tr -d ' '
@@ -43,20 +41,7 @@ header_u32 ()
 
 # An 8 MiB disk of text and random sectors (write id 0) with holes, for
 # the compressed image whose clusters are copied on write.
-$PYTHON - "$top_srcdir/tests" <<'EOF'
-import random, sys
-sys.path.insert(0, sys.argv[1])
-from powerloss import write_data
-rng = random.Random(7)
-out = bytearray()
-for c in range(128):
-    kind = rng.randrange(4)
-    if kind == 0:
-        out += bytes(65536)
-    else:
-        out += write_data(0, c * 65536, 65536, kind != 3)
-open("base.raw", "wb").write(out)
-EOF
+power_loss_base_raw base.raw
 
 printf 'power loss' > pass.txt
 SECRET="secret,id=s0,file=$PWD/pass.txt"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Writing: refcount table growth, a full container (ENOSPC with the
-# message, image still valid), refusals at open (corrupt and dirty bits)
-# with nbdkit -r still serving those images, a snapshot served read-only
+# message, image still valid), refusals at open (the corrupt bit) with
+# nbdkit -r still serving those images, the dirty bit repaired at open
+# (test-lazy-refcounts.sh has the rest), a snapshot served read-only
 # without -r, autoclear bits cleared, and v2 images.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-io nbdcopy nbdinfo
@@ -158,12 +159,29 @@ with open(path, "r+b") as f:
     f.write(struct.pack(">Q", v))
 EOF
 }
+# write_1000 IMAGE CHAR: give IMAGE room, and write 1000 CHARs at 5000
+# through the filter.
+write_1000 ()
+{
+    truncate -s +1M "$1"
+    start_server "$PWD/sock" file "$1"
+    $PYTHON -c "
+import nbd, sys
+h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(sys.argv[2].encode() * 1000, 5000); h.flush()
+" "$(nbd_uri "$PWD/sock")" "$2"
+    stop_server
+}
 qemu-img convert -O qcow2 small.raw corrupt.qcow2
 set_incompat_bit corrupt.qcow2 1
 refuse corrupt.qcow2 "marked corrupt" "corrupt bit"
+# The dirty bit alone (refcounts right): the open repairs the image, which
+# is then written, and clean.
 qemu-img convert -O qcow2 -o lazy_refcounts=on small.raw dirty.qcow2
 set_incompat_bit dirty.qcow2 0
-refuse dirty.qcow2 "dirty bit" "dirty bit"
+write_1000 dirty.qcow2 d
+[ $(( $(header_u64 dirty.qcow2 72) & 1 )) = 0 ] || fail "dirty bit: not cleared"
+check_clean dirty.qcow2 "dirty bit"
+echo "dirty bit: repaired at open, written, check clean"
 
 # 4. Autoclear bits are cleared before the first write, as qemu does.
 qemu-img convert -O qcow2 small.raw autoclear.qcow2
@@ -173,13 +191,7 @@ with open(sys.argv[1], "r+b") as f:
     f.seek(88)
     f.write(struct.pack(">Q", 1 << 5))
 EOF
-truncate -s +1M autoclear.qcow2
-start_server "$PWD/sock" file autoclear.qcow2
-$PYTHON -c "
-import nbd, sys
-h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(b'z' * 1000, 5000); h.flush()
-" "$(nbd_uri "$PWD/sock")"
-stop_server
+write_1000 autoclear.qcow2 z
 [ "$(header_u64 autoclear.qcow2 88)" = 0 ] || fail "autoclear bits were not cleared"
 check_clean autoclear.qcow2 "autoclear"
 echo "autoclear bits cleared before writing"

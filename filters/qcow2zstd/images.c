@@ -290,12 +290,18 @@ images_acquire (nbdkit_next *next, const char *exportname, bool writable)
 }
 
 void
-images_release (struct shared_image *shared)
+images_release (struct shared_image *shared, struct qcow2_io *io)
 {
   struct shared_image **link;
 
   pthread_mutex_lock (&images_lock);
   if (--shared->users == 0) {
+    /* No request is in flight and none can come: a new connection waits
+     * for the lock, and then opens the image anew.  Errors were logged;
+     * the bitmaps then stay in use.
+     */
+    if (io)
+      qcow2_finish (shared->engine, io);
     if (!shared->stats_logged)
       params_log_stats (shared->engine, shared->exportname);
     qcow2_image_close (shared->engine);

@@ -167,11 +167,10 @@ qcow2zstd_finalize (nbdkit_next *next, void *handle)
      * leave may be one that cannot.  Errors were logged; what is on disk
      * is consistent either way.
      */
-    if (h->writable) {
-      struct qcow2_io io = IO_FOR (next);
+    struct qcow2_io io = IO_FOR (next);
+    if (h->writable)
       qcow2_flush (images_engine (h->shared), &io);
-    }
-    images_release (h->shared);
+    images_release (h->shared, h->writable ? &io : NULL);
     h->shared = NULL;
   }
   pthread_rwlock_unlock (&h->finalize_lock);
@@ -186,7 +185,7 @@ qcow2zstd_close (void *handle)
   /* finalize is skipped when prepare failed part way. */
   qcow2_conn_free (h->conn);
   if (h->shared)
-    images_release (h->shared);
+    images_release (h->shared, NULL);
   pthread_rwlock_destroy (&h->finalize_lock);
   free (h->exportname);
   free (h);

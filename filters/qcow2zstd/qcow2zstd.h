@@ -22,8 +22,11 @@ struct shared_image *images_acquire (nbdkit_next *next,
                                      const char *exportname, bool writable);
 /* Leave it; the last one out closes the image.  It does not flush: by
  * then every connection that could write has flushed in its .finalize.
+ * IO: the leaving connection's, if it can write, else NULL; the last one
+ * out with IO finishes the image first (qcow2_finish: the persistent
+ * bitmaps left consistent).
  */
-void images_release (struct shared_image *shared);
+void images_release (struct shared_image *shared, struct qcow2_io *io);
 struct qcow2_image *images_engine (struct shared_image *shared);
 void images_cleanup (void);
 void images_unload (void);

@@ -400,7 +400,10 @@ qcow2zstd_close (void *handle)
   qcow2_conn_free (h->conn);
   pthread_mutex_lock (&image_lock);
   if (--users == 0) {
-    qcow2_flush (image, &file_io);
+    /* The last connection: nothing is in flight, and a new one waits for
+     * the lock.  The persistent bitmaps are left consistent.
+     */
+    qcow2_finish (image, &file_io);
     if (!stats_logged)
       params_log_stats (image, filename);
     stats_logged = false;
@@ -413,17 +416,21 @@ qcow2zstd_close (void *handle)
 }
 
 /* When nbdkit shuts down (its --run command exited, or a signal), it may
- * unload the plugin without closing the last connections, and their
- * close is where the metadata would be written.  Write it here too; the
- * image itself stays for a close that may still come, which then does
- * not log the statistics again.
+ * unload the plugin without closing the last connections: nbdkit 1.32
+ * skips a connection's .close once it is quitting, even for a client
+ * that has already left.  Their close is where the metadata would be
+ * written and the image finished (the persistent bitmaps left
+ * consistent), so do that here: by now no request runs or can come
+ * (nbdkit waited for the connections' threads).  The image itself stays
+ * for a close that may still come, which then does not log the
+ * statistics again.
  */
 static void
 qcow2zstd_cleanup (void)
 {
   pthread_mutex_lock (&image_lock);
   if (image) {
-    qcow2_flush (image, &file_io);
+    qcow2_finish (image, &file_io);
     params_log_stats (image, filename);
     stats_logged = true;
   }
