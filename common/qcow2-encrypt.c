@@ -240,8 +240,34 @@ locate_area (struct qcow2_image *img, const uint8_t *first, size_t first_len,
   return 0;
 }
 
+/* qemu reads a passphrase file (secret,file=) whole, so a file written
+ * by echo gives it a passphrase that ends with a newline; nbdkit's
+ * +FILE and -FD drop that newline.  A passphrase that unlocks no slot is
+ * therefore tried once more as qemu would have read it: one more round
+ * of PBKDF2 per active slot, paid only when the first round failed.
+ */
+static int
+unlock_with_newline (const struct qcow2_luks_header *lh, const uint8_t *area,
+                     size_t area_len, const char *pass, uint8_t *master_key,
+                     int *slot, char *err, size_t errlen)
+{
+  size_t len = strlen (pass);
+  char *as_qemu_read = malloc (len + 1);
+  int r;
+
+  if (as_qemu_read == NULL)
+    return QCOW2_LUKS_WRONG_PASSPHRASE;  /* the first answer stands */
+  memcpy (as_qemu_read, pass, len);
+  as_qemu_read[len] = '\n';
+  r = qcow2_luks_unlock (lh, area, area_len, as_qemu_read, len + 1,
+                         master_key, slot, err, errlen);
+  qcow2_wipe (as_qemu_read, len + 1);
+  free (as_qemu_read);
+  return r;
+}
+
 /* The master key of AREA: from the key cache, else by unlocking a slot
- * with the passphrase.
+ * with the passphrase (or with the passphrase and a newline).
  */
 static int
 get_master_key (struct qcow2_image *img, const struct qcow2_luks_header *lh,
@@ -273,8 +299,27 @@ get_master_key (struct qcow2_image *img, const struct qcow2_luks_header *lh,
   r = qcow2_luks_unlock (lh, area, area_len, pass, strlen (pass),
                          img->crypt.master_key, &slot, err, sizeof err);
   if (r == QCOW2_LUKS_WRONG_PASSPHRASE) {
-    qcow2_error (img, "qcow2-passphrase: %s", err);
-    return -EPERM;
+    char err2[256];
+    r = unlock_with_newline (lh, area, area_len, pass, img->crypt.master_key,
+                             &slot, err2, sizeof err2);
+    if (r == QCOW2_LUKS_WRONG_PASSPHRASE) {
+      qcow2_error (img, "qcow2-passphrase: %s, nor with a newline added "
+                   "(qemu's secret,file= keeps the final newline of a "
+                   "passphrase file, as echo writes it; nbdkit's +FILE "
+                   "drops it)", err);
+      return -EPERM;
+    }
+    if (r == 0)
+      qcow2_warning (img, "qcow2-passphrase: unlocked with a newline added: "
+                     "the image's passphrase ends with one, as qemu reads "
+                     "a passphrase file written by echo (nbdkit's +FILE "
+                     "drops the newline).  To give it exactly: "
+                     "qcow2-passphrase=$'SECRET\\n' in bash; to stop "
+                     "depending on this, give the image a passphrase from "
+                     "a file written by printf '%%s' or echo -n (qemu-img "
+                     "amend)");
+    else
+      snprintf (err, sizeof err, "%s", err2);
   }
   if (r < 0) {
     qcow2_error (img, "invalid or unsupported qcow2 image: %s", err);

@@ -34,6 +34,16 @@ qcow2_error (struct qcow2_image *img, const char *fmt, ...)
 }
 
 void
+qcow2_warning (struct qcow2_image *img, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  vlog (img->log.warning, img->log.opaque, fmt, ap);
+  va_end (ap);
+}
+
+void
 qcow2_debug (struct qcow2_image *img, const char *fmt, ...)
 {
   va_list ap;

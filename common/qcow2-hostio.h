@@ -3,11 +3,12 @@
  *
  * Every byte the engine reads or writes underneath goes through these
  * calls, which keep the image's counters, stay inside the storage's size
- * and turn a failure into a sentence in the image's log.  Errors and
- * debug lines go to the struct qcow2_log given at open.
+ * and turn a failure into a sentence in the image's log.  Errors,
+ * warnings and debug lines go to the struct qcow2_log given at open.
  *
- * Offers: qcow2_error, qcow2_debug, qcow2_debug_if, qcow2_pread_clamped,
- * qcow2_pwrite_logged, qcow2_flush_logged, qcow2_online_cpus.
+ * Offers: qcow2_error, qcow2_warning, qcow2_debug, qcow2_debug_if,
+ * qcow2_pread_clamped, qcow2_pwrite_logged, qcow2_flush_logged,
+ * qcow2_online_cpus.
  * Locks: none taken.  The I/O calls are made only from a thread that
  * called into the engine, never from pool workers (struct qcow2_io's
  * rule), with or without the image lock: the file size they clamp to
@@ -25,6 +26,8 @@
 #include "qcow2-types.h"
 
 void qcow2_error (struct qcow2_image *img, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+void qcow2_warning (struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 /* A debug message of category QCOW2_DEBUG_IMAGE. */
 void qcow2_debug (struct qcow2_image *img, const char *fmt, ...)

@@ -63,13 +63,15 @@ struct qcow2_io {
                        uint64_t *length, bool *hole);
 };
 
-/* Messages.  Both callbacks may be NULL.  MSG is a complete sentence
- * without a trailing newline.
+/* Messages.  Any callback may be NULL.  MSG is a complete sentence
+ * without a trailing newline.  A warning is something the user should
+ * fix although the image was served.
  */
 struct qcow2_log {
   void *opaque;
   void (*error) (void *opaque, const char *msg);
   void (*debug) (void *opaque, const char *msg);
+  void (*warning) (void *opaque, const char *msg);
 };
 
 #endif /* QCOW2_IO_H */

@@ -17,6 +17,24 @@ log_error (void *opaque, const char *msg)
     nbdkit_error ("qcow2zstd: %s", msg);
 }
 
+/* nbdkit has no warning level: the error level is the one a user sees
+ * without -v, and the word says it did not stop anything.
+ */
+static void
+log_warning (void *opaque, const char *msg)
+{
+  glue_warning (opaque, msg);
+}
+
+void
+glue_warning (const char *subject, const char *msg)
+{
+  if (subject)
+    nbdkit_error ("qcow2zstd: warning: %s: %s", subject, msg);
+  else
+    nbdkit_error ("qcow2zstd: warning: %s", msg);
+}
+
 static void
 log_debug (void *opaque, const char *msg)
 {
@@ -28,6 +46,7 @@ glue_engine_log (const char *subject)
 {
   return (struct qcow2_log) {
     .opaque = (void *) subject, .error = log_error, .debug = log_debug,
+    .warning = log_warning,
   };
 }
 

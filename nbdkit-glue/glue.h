@@ -15,6 +15,11 @@
  */
 struct qcow2_log glue_engine_log (const char *subject);
 
+/* An engine warning as nbdkit logs it: "qcow2zstd: warning: ", then
+ * SUBJECT and ": " if it is not NULL, then MSG.
+ */
+void glue_warning (const char *subject, const char *msg);
+
 /* An engine result for nbdkit: R (0 or -errno) becomes 0, or -1 with
  * *ERR set to the errno.  A filter passes its err argument, a plugin
  * &errno.

@@ -69,6 +69,8 @@ params_dump_if_asked (void)
   for (i = 0; i < len; i += strlen (args + i) + 1) {
     if (strcmp (args + i, "--dump-plugin") == 0) {
       qcow2_codec_versions (versions, sizeof versions);
+      /* nbdkit's version= line is nbdkit's own for a filter. */
+      printf ("qcow2zstd_version=%s\n", PACKAGE_VERSION);
       printf ("qcow2zstd_codecs=zlib,zstd\n");
       printf ("qcow2zstd_codec_versions=%s\n", versions);
 #ifdef HAVE_LIBDEFLATE
@@ -286,6 +288,15 @@ params_config (const char *key, const char *value)
     return 0;
   }
   if (strcmp (key, "qcow2-snapshot") == 0) {
+    /* Every snapshot has an ID, so no snapshot is named by nothing; an
+     * empty value is a variable that was not set.
+     */
+    if (value[0] == '\0') {
+      nbdkit_error ("qcow2-snapshot: empty: give a snapshot's ID or name "
+                    "(qemu-img snapshot -l FILE lists them), or leave "
+                    "qcow2-snapshot out to serve the image itself");
+      return -1;
+    }
     free (snapshot);
     snapshot = strdup (value);
     if (snapshot == NULL) {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# nbdkit --dump-plugin with the filter: the filter's own lines (codecs and
-# their versions) and the plugin's usual lines; --help lists every
-# qcow2-* parameter; and the codec lines appear only when dumping.
+# nbdkit --dump-plugin with the filter: the filter's own lines (its
+# version, codecs and their versions) and the plugin's usual lines; the
+# plugin form's dump, with the same version in its version= line and its
+# own; --help lists every qcow2-* parameter; and the codec lines appear
+# only when dumping.
 source "${top_srcdir:-.}/tests/functions.sh"
 
 T=$TMPDIR_TEST
@@ -40,6 +42,21 @@ line_of ()
 has_line "qcow2zstd_codecs=zlib,zstd"
 echo "ok: qcow2zstd_codecs=zlib,zstd"
 
+# The version: the build's (config.h), else configure.ac's AC_INIT.
+config_h="${top_builddir:-.}/config.h"
+if [ -f "$config_h" ]; then
+    want_version=$(sed -n 's/^#define PACKAGE_VERSION "\(.*\)"$/\1/p' "$config_h")
+else
+    want_version=$(sed -n 's/^AC_INIT(\[[^]]*\], *\[\([^]]*\)\].*/\1/p' \
+        "${top_srcdir:-.}/configure.ac")
+fi
+[ -n "$want_version" ] || fail "cannot tell which version this build is"
+has_line "qcow2zstd_version=$want_version"
+# nbdkit's own version= line is nbdkit's (a filter has no other).
+[ "$(line_of version)" = "$(nbdkit --version | sed 's/^nbdkit //')" ] ||
+    fail "version= is not nbdkit's version"
+echo "ok: qcow2zstd_version=$want_version, beside nbdkit's version=$(line_of version)"
+
 versions=$(line_of qcow2zstd_codec_versions)
 decoder=$(line_of qcow2zstd_deflate_decoder)
 
@@ -65,7 +82,6 @@ case "$decoder" in
         fail "qcow2zstd_deflate_decoder: unexpected value '$decoder'"
         ;;
 esac
-config_h="${top_builddir:-.}/config.h"
 if [ -f "$config_h" ]; then
     if grep -q '^#define HAVE_LIBDEFLATE 1' "$config_h"; then
         [ "$decoder" = libdeflate ] ||
@@ -97,6 +113,15 @@ line_of version >/dev/null
 line_of api_version >/dev/null
 grep -q '^path=.*null' "$T/dump.out" || fail "--dump-plugin: no path= line for the null plugin"
 echo "ok: plugin lines (name=null, version=$(line_of version))"
+
+# The plugin form: its version= line and its own line, both this build's.
+run_nbdkit --dump-plugin "$PLUGIN" >"$T/dump.out" 2>"$T/dump.err" ||
+    { cat "$T/dump.err" >&2; fail "nbdkit --dump-plugin PLUGIN failed"; }
+has_line "name=qcow2zstd"
+has_line "version=$want_version"
+has_line "qcow2zstd_version=$want_version"
+has_line "qcow2zstd_codecs=zlib,zstd"
+echo "ok: the plugin: version=$want_version and qcow2zstd_version=$want_version"
 
 # Without the filter there are no qcow2zstd lines.
 run_nbdkit --dump-plugin null >"$T/plain.out" 2>/dev/null ||

@@ -10,8 +10,11 @@
 # - images made by qcow2-create with qcow2-encrypt-format=luks open in
 #   qemu with the same passphrase and hold what was copied in;
 # - a wrong or missing passphrase is refused at open (the plugin form: at
-#   start-up), saying so, in both forms, and the file is not changed; nbdkit's password conventions
-#   (+FILE, -FD); the key slot unlocked once for connections that come one
+#   start-up), saying so, in both forms, and the file is not changed;
+#   nbdkit's password conventions (+FILE, -FD); an image whose passphrase
+#   file qemu read as echo wrote it (with a newline) served with one
+#   warning, and a wrong passphrase for it refused with a hint that names
+#   the newline; the key slot unlocked once for connections that come one
 #   after the other; a passphrase in key slot 3 (qemu-img amend), beside
 #   slot 0 and alone; legacy AES refused with its message; compression
 #   with encryption refused with qemu's message.
@@ -192,6 +195,71 @@ NBDKIT_TIMEOUT=120 run_nbdkit -U - -r --filter="$FILTER" file serpent.qcow2 \
 qemu-img convert "${SECRET[@]}" --image-opts "$(qopts serpent.qcow2)" -O raw expect.raw
 cmp out.raw expect.raw || fail "qcow2-passphrase=-FD: wrong data"
 echo "qcow2-passphrase=-FD and =+FILE read the passphrase as nbdkit does"
+
+# ------------------------------------------------ a passphrase file made by echo
+# qemu's secret,file= reads the file whole, newline and all; nbdkit's
+# +FILE drops the newline.  The passphrase that fails as given is tried
+# once more with the newline: served, with one warning saying why, in
+# both forms and for every form of the passphrase; a wrong one is still
+# refused, and the message names the newline.
+if section echo-newline; then
+    echo "$PASS" > echo-pass.txt
+    ECHO_SECRET=(--object "secret,id=s0,file=$PWD/echo-pass.txt")
+    qemu_img_luks convert -O qcow2 "${ECHO_SECRET[@]}" \
+        -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10 \
+        base.raw echo.qcow2 || fail "echo newline: qemu-img convert failed"
+    # qemu opens it with the file echo wrote, and not with the passphrase
+    # without the newline: the newline is part of the image's passphrase.
+    qemu-io "${ECHO_SECRET[@]}" --image-opts \
+        "driver=qcow2,file.filename=echo.qcow2,encrypt.key-secret=s0" -c 'read 0 512' \
+        > qio.out 2>&1 || { cat qio.out; fail "echo newline: qemu cannot open it with its file"; }
+    if qemu-io "${SECRET[@]}" --image-opts "$(qopts echo.qcow2)" -c 'read 0 512' \
+           > qio.out 2>&1; then
+        fail "echo newline: qemu opened it without the newline"
+    fi
+    before=$(md5sum < echo.qcow2)
+    W="qcow2zstd: warning: .*qcow2-passphrase: unlocked with a newline added: the image's passphrase ends with one"
+    for form in filter plugin; do
+        for given in +echo-pass.txt "$PASS" -7; do
+            rm -f out.raw
+            if [ $form = filter ]; then
+                args=(--filter="$FILTER" file echo.qcow2)
+            else
+                args=("$PLUGIN" echo.qcow2)
+            fi
+            # Two clients: the key comes from the cache for the second,
+            # and the warning is given once.
+            NBDKIT_TIMEOUT=120 run_nbdkit -U - -r "${args[@]}" "qcow2-passphrase=$given" \
+                --run 'nbdinfo "$uri" > /dev/null && nbdcopy "$uri" out.raw' \
+                7< echo-pass.txt 2> serve.err ||
+                { cat serve.err; fail "echo newline, $form, $given: not served"; }
+            cmp base.raw out.raw || fail "echo newline, $form, $given: wrong data"
+            [ "$(grep -c -- "$W" serve.err)" = 1 ] ||
+                { cat serve.err; fail "echo newline, $form, $given: not one warning"; }
+        done
+        echo "echo newline, $form: served with +FILE, the value and -FD, one warning: $(grep -o "qcow2zstd: warning: .*" serve.err | sed "s|$PWD/||")"
+    done
+    # The passphrase as qemu read it, given exactly, needs no warning.
+    rm -f out.raw
+    NBDKIT_TIMEOUT=120 run_nbdkit -U - -r "$PLUGIN" echo.qcow2 "qcow2-passphrase=$PASS"$'\n' \
+        --run 'nbdcopy "$uri" out.raw' 2> serve.err ||
+        { cat serve.err; fail "echo newline, given exactly: not served"; }
+    cmp base.raw out.raw || fail "echo newline, given exactly: wrong data"
+    if grep -q "warning" serve.err; then cat serve.err; fail "echo newline, given exactly: a warning"; fi
+    # A wrong passphrase: refused in both forms, and the message names
+    # the newline difference.
+    H="wrong passphrase: it unlocks none of the image's 1 active LUKS key slot, nor with a newline added (qemu's secret,file= keeps the final newline of a passphrase file"
+    start_server "$PWD/sock" file echo.qcow2 qcow2-passphrase=wrong
+    nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "echo newline, filter: a wrong passphrase opened it"
+    grep -q -- "$H" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "echo newline, filter: no hint"; }
+    stop_server
+    if run_nbdkit -U - "$PLUGIN" echo.qcow2 qcow2-passphrase=wrong --run true > start.out 2>&1; then
+        fail "echo newline, plugin: a wrong passphrase started"
+    fi
+    grep -q -- "$H" start.out || { cat start.out; fail "echo newline, plugin: no hint"; }
+    [ "$(md5sum < echo.qcow2)" = "$before" ] || fail "echo newline: the image changed"
+    echo "echo newline, wrong passphrase: $(grep -o "error: .*" start.out | sed "s|$PWD/||")"
+fi
 
 # Refusals at startup.
 refuse_start ()

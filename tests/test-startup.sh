@@ -6,8 +6,10 @@
 # command line spells -r), qcow2-force-share without -r, a compression
 # level out of the range of the type to be created, a bad cluster size,
 # qcow2-backing with qcow2-create, a level with qcow2-compress=false,
-# a bad qcow2-locking, and in the plugin form a missing file (unless
-# creating).  The device is left as it was, and no file is made.
+# a bad qcow2-locking, an empty qcow2-snapshot=, and in the plugin form
+# a missing file (unless creating), a file that is not qcow2 or empty,
+# and qcow2-create over a file whose first cluster is not all zeros.
+# The device (and the file) is left as it was, and no file is made.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires sha256sum
 [ -f "$PLUGIN" ] || fail "the plugin is not built: $PLUGIN"
@@ -98,6 +100,8 @@ refused "a level with qcow2-compress=false" "qcow2-compression-level: only appli
     qcow2-create=1M qcow2-compress=false qcow2-compression-level=5
 refused "qcow2-locking=maybe" "qcow2-locking: 'maybe' is not on, auto or off" -- \
     qcow2-create=1M qcow2-locking=maybe
+refused "qcow2-snapshot= (empty)" "qcow2-snapshot: empty: give a snapshot's ID or name" -- \
+    qcow2-snapshot=
 
 # The plugin's own file.
 for args in "missing.qcow2" "missing.qcow2 qcow2-compress=true"; do
@@ -132,4 +136,50 @@ grep -q "qcow2-compression-level: 15 is out of range for zlib (1 to 9)" err.out 
     { cat err.out; fail "plugin: no message for level 15 on a zlib image"; }
 [ "$(sha256sum < zlib.qcow2)" = "$zlib_before" ] || fail "the zlib image changed"
 echo "plugin, level 15 for an existing zlib image: $(grep -o "error: .*" err.out | head -1)"
+
+# plugin_refused WHAT PATTERN FILE PARAMS...: the plugin form exits
+# non-zero before serving (its --run command never runs), with PATTERN
+# in its message, and FILE is left as it was.
+plugin_refused ()
+{
+    local what=$1 pattern=$2 file=$3 file_before
+    shift 3
+    file_before=$(sha256sum < "$file")
+    rm -f ran
+    if NBDKIT_TIMEOUT=120 run_nbdkit -U - "$PLUGIN" "$file" "$@" --run 'touch ran' \
+        2> err.out; then
+        fail "plugin, $what: started"
+    fi
+    [ ! -e ran ] || fail "plugin, $what: served (--run ran)"
+    grep -q -- "$pattern" err.out || { cat err.out; fail "plugin, $what: no '$pattern'"; }
+    [ "$(sha256sum < "$file")" = "$file_before" ] || fail "plugin, $what: $file changed"
+    echo "plugin, $what: $(grep -o "error: .*" err.out | head -1 | sed "s|$PWD/||")"
+}
+# A file that is not qcow2, found at start-up (not at the first client).
+head -c 1M /dev/urandom > random.img
+plugin_refused "a file that is not qcow2" \
+    "random.img: invalid or unsupported qcow2 image: magic: not a qcow2 image" random.img
+: > empty.img
+plugin_refused "an empty file without qcow2-create" \
+    "empty.img: the file is empty, not a qcow2 image (qcow2-create=SIZE makes one in it)" empty.img
+# qcow2-create over a file that holds something (its first cluster not
+# all zeros, the engine's rule): refused, where qemu-img create would
+# overwrite it.  A qcow2 image (the command line run a second time), and
+# other data.
+NC="is not empty: its first cluster is not all zeros (it may hold an image or a filesystem); refusing to format it, which would destroy what it holds (qemu-img create would overwrite it)"
+plugin_refused "qcow2-create over a qcow2 image" "zlib.qcow2 $NC" zlib.qcow2 qcow2-create=1M
+plugin_refused "qcow2-create over a file of data" "random.img $NC" random.img qcow2-create=1M
+{ head -c 4096 /dev/zero; echo data; } > late.img
+plugin_refused "qcow2-create over zeros, then data at 4K (64K clusters)" "late.img $NC" \
+    late.img qcow2-create=1M
+# ... but into an empty file, or one truncate made (holes only), it creates.
+for made in empty sparse; do
+    rm -f made.qcow2
+    if [ $made = empty ]; then : > made.qcow2; else truncate -s 8M made.qcow2; fi
+    NBDKIT_TIMEOUT=120 run_nbdkit -U - "$PLUGIN" made.qcow2 qcow2-create=1M \
+        --run 'nbdinfo "$uri" > /dev/null' 2> err.out ||
+        { cat err.out; fail "plugin: qcow2-create into the $made file refused"; }
+    qemu-img check made.qcow2 > check.out 2>&1 || { cat check.out; fail "plugin: qcow2-create into the $made file: check"; }
+done
+echo "plugin: qcow2-create into an empty file and into a sparse file: created, check clean"
 [ "$(sha256sum < device.img)" = "$before" ] || fail "the device changed"
