@@ -6,7 +6,7 @@
  * Between two clients of an export, qemu-img info and qemu-io (without
  * -U) and a second server that would write are refused, as while a
  * client is connected: a client that reconnects finds the disk as it
- * left it.  The locks are open file description locks (qcow2-lock.h) on
+ * left it.  The locks are open file description locks (base/filelock.h) on
  * descriptors of our own, so they go when nbdkit exits or is killed.
  *
  * Each export (a key: the filter's export name; the plugin's "") holds
@@ -17,7 +17,7 @@
  * Locks: one mutex of its own around the table; call it with no engine
  * lock held (the filter calls it under its registry lock, which is
  * above it).
- * Needs: qcow2-lock.h, engine_options.locking, nbdkit_error.
+ * Needs: base/filelock.h, engine_options.locking, nbdkit_error.
  */
 #ifndef QCOW2ZSTD_LOCKS_H
 #define QCOW2ZSTD_LOCKS_H

@@ -14,8 +14,8 @@
 #include "nbdkit.h"
 #include "params.h"
 #include "cmdline.h"
-#include "qcow2-codec.h"
-#include "qcow2-crypto.h"
+#include "format/codec.h"
+#include "format/crypto.h"
 
 /* -D qcow2zstd.FLAG=1 (see params.h). */
 NBDKIT_DLL_PUBLIC int qcow2zstd_debug_image;

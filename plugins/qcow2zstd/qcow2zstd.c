@@ -26,7 +26,7 @@
 #include "glue.h"
 #include "locks.h"
 #include "params.h"
-#include "qcow2-fileio.h"
+#include "base/fileio.h"
 
 
 static char *filename;

@@ -19,12 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-types.h"
-#include "qcow2-entries.h"
-#include "qcow2-map.h"
-#include "qcow2-refcount.h"
+#include "qcow2.h"
+#include "meta/types.h"
+#include "format/entries.h"
+#include "meta/map.h"
+#include "meta/refcount.h"
 #include "mem-io.h"
-#include "qcow2-endian.h"
+#include "format/endian.h"
 
 #define OPS 8
 #define OPS_BYTES (OPS * 8)

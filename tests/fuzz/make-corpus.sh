@@ -67,7 +67,7 @@ rm -rf corpus-luks corpus-snapshot
 mkdir corpus-luks corpus-snapshot
 : > "$work/config.h"
 gcc -std=gnu11 -D_GNU_SOURCE -I"$work" -I../../common make-luks-seed.c \
-  ../../common/qcow2-luks.c ../../common/qcow2-crypto.c \
+  ../../common/format/luks.c ../../common/format/crypto.c \
   $(pkg-config --cflags --libs gnutls nettle) -o "$work/make-luks-seed"
 n=0
 while read -r cipher mode key_bytes hash stripes; do
