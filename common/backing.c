@@ -17,12 +17,12 @@
 #include "format/endian.h"
 #include "base/fileio.h"
 #include "format/header.h"
-#include "meta/hostio.h"
+#include "meta/log.h"
 #include "base/filelock.h"
 
 #define MAX_CHAIN 16
 
-struct backing {
+struct qcow2_backing {
   char *path;
   bool is_qcow2;
   struct qcow2_io io;
@@ -176,7 +176,7 @@ resolve_path (struct qcow2_image *img, const char *name, char **path)
  * a backing file smaller than the image reads as zeros past its end.
  */
 static uint64_t
-inside (const struct backing *b, uint64_t offset, uint64_t len)
+inside (const struct qcow2_backing *b, uint64_t offset, uint64_t len)
 {
   uint64_t avail = offset < b->size ? b->size - offset : 0;
 
@@ -187,7 +187,7 @@ static int
 backing_read (struct qcow2_image *img, void *buf, uint64_t len,
               uint64_t offset)
 {
-  struct backing *b = img->backing;
+  struct qcow2_backing *b = img->backing;
   uint64_t n = inside (b, offset, len);
   int r = 0;
 
@@ -215,7 +215,7 @@ static int
 raw_extents (struct qcow2_image *img, uint64_t offset, uint64_t len,
              qcow2_extent_fn fn, void *opaque)
 {
-  struct backing *b = img->backing;
+  struct qcow2_backing *b = img->backing;
   uint64_t end = offset + len;
   int r;
 
@@ -245,7 +245,7 @@ static int
 backing_extents (struct qcow2_image *img, uint64_t offset, uint64_t len,
                  qcow2_extent_fn fn, void *opaque)
 {
-  struct backing *b = img->backing;
+  struct qcow2_backing *b = img->backing;
   uint64_t n = inside (b, offset, len);
   int r = 0;
 
@@ -270,7 +270,7 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
   const struct qcow2_header *h = &img->header;
   struct format_search fs = { .format = "" };
   char name[1024], err[256], magic[4];
-  struct backing *b;
+  struct qcow2_backing *b;
   int r;
 
   if (img->opts.backing_depth >= MAX_CHAIN) {
@@ -382,7 +382,7 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
 void
 qcow2_backing_close (struct qcow2_image *img)
 {
-  struct backing *b = img->backing;
+  struct qcow2_backing *b = img->backing;
 
   if (b == NULL)
     return;

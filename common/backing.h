@@ -39,7 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "meta/types.h"
+#include "meta/image.h"
 
 /* Open the backing file the header in FIRST (FIRST_LEN bytes, the first
  * cluster) names, or the one opts.backing_path overrides it with, as

@@ -25,12 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meta/types.h"
+#include "base/keycache.h"
 #include "format/crypto.h"
-#include "paths/encrypt.h"
 #include "format/endian.h"
-#include "meta/hostio.h"
 #include "format/luks.h"
+#include "meta/image.h"
+#include "meta/log.h"
 
 /* qemu 7.2 writes 112-byte v3 headers: 104 + compression type + padding. */
 #define CREATE_HEADER_LENGTH 112

@@ -22,26 +22,29 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "meta/types.h"
-#include "meta/alloc.h"
 #include "backing.h"
-#include "meta/bitmap.h"
+#include "meta/crypt.h"
 #include "base/cache.h"
-#include "format/codec.h"
-#include "paths/compress.h"
-#include "paths/dedup.h"
-#include "paths/encrypt.h"
-#include "meta/first-change.h"
-#include "format/endian.h"
-#include "format/header.h"
-#include "meta/hostio.h"
 #include "base/inflight.h"
+#include "base/lockorder.h"
+#include "format/codec.h"
+#include "format/entries.h"
+#include "format/header.h"
+#include "format/snapshot.h"
+#include "meta/alloc.h"
+#include "meta/bitmap.h"
+#include "meta/dirty.h"
+#include "meta/first-change.h"
+#include "meta/hostio.h"
+#include "meta/log.h"
 #include "meta/map.h"
 #include "meta/refcount.h"
+#include "meta/regions.h"
 #include "meta/repair.h"
+#include "meta/writeback.h"
+#include "paths/compress.h"
+#include "paths/dedup.h"
 #include "paths/scratch.h"
-#include "format/snapshot.h"
-#include "base/tablemap.h"
 
 static int
 log_extension (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)
@@ -52,12 +55,68 @@ log_extension (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)
   return 0;
 }
 
+/* Add the refcount block at OFFSET to the list of metadata regions. */
+static int
+add_block_region (void *opaque, uint64_t offset)
+{
+  struct qcow2_image *img = opaque;
+
+  return qcow2_regions_add (img, QCOW2_REGION_REFCOUNT_BLOCK, offset, 1);
+}
+
+/* The list of metadata regions as the image holds them now (the bitmaps
+ * add theirs when they are checked): the header, the active L1 table
+ * and its L2 tables, the refcount table and blocks, the snapshot table
+ * and the snapshots' L1 tables, the LUKS area.  A damaged image that
+ * names one cluster twice keeps the first name for it.
+ */
+static int
+build_regions (struct qcow2_image *img,
+               const struct qcow2_snapshot_table *snapshots)
+{
+  const struct qcow2_header *h = &img->header;
+  uint64_t rt_offset;
+  uint32_t rt_clusters, i;
+  int r;
+
+  r = qcow2_regions_open (img);
+  if (r == 0)
+    r = qcow2_regions_add (img, QCOW2_REGION_HEADER, 0, h->cluster_size);
+  if (r == 0)
+    r = qcow2_regions_add (img, QCOW2_REGION_L1, h->l1_table_offset,
+                           (uint64_t) h->l1_size * 8);
+  for (i = 0; i < h->l1_size && r == 0; ++i) {
+    uint64_t l2 = qcow2_l1_entry (img, i) & L1E_OFFSET_MASK;
+    if (l2)
+      r = qcow2_regions_add (img, QCOW2_REGION_L2, l2, h->cluster_size);
+  }
+  qcow2_refcount_table_location (img, &rt_offset, &rt_clusters);
+  if (r == 0)
+    r = qcow2_regions_add (img, QCOW2_REGION_REFCOUNT_TABLE, rt_offset,
+                           (uint64_t) rt_clusters << h->cluster_bits);
+  if (r == 0)
+    r = qcow2_refcount_each_block (img, add_block_region, img);
+  if (r == 0 && snapshots && snapshots->count)
+    r = qcow2_regions_add (img, QCOW2_REGION_SNAPSHOT_TABLE,
+                           h->snapshots_offset, snapshots->table_bytes);
+  for (i = 0; snapshots && i < snapshots->count && r == 0; ++i)
+    r = qcow2_regions_add (img, QCOW2_REGION_SNAPSHOT_L1,
+                           snapshots->snapshots[i].l1_table_offset,
+                           (uint64_t) snapshots->snapshots[i].l1_size * 8);
+  if (r == 0)
+    r = qcow2_regions_add (img, QCOW2_REGION_LUKS, img->luks_area_offset,
+                           img->luks_area_length);
+  if (r < 0)
+    qcow2_error (img, "out of memory for the list of metadata regions");
+  return r;
+}
+
 /* What writing needs beyond reading: refusals of what cannot be written
  * safely, the persistent bitmaps, the refcounts (repaired if the image
- * was left dirty) and scratch space.
- * Nothing is written yet (but the repair of a dirty image): see
- * meta/first-change.h.  FIRST is the first cluster as read (FIRST_LEN
- * bytes), SNAPSHOTS the snapshot table or NULL.
+ * was left dirty), the list of metadata regions, the allocator and the
+ * write state.  Nothing is written yet (but the repair of a dirty
+ * image): see meta/first-change.h.  FIRST is the first cluster as read
+ * (FIRST_LEN bytes), SNAPSHOTS the snapshot table or NULL.
  */
 static int
 open_for_writing (struct qcow2_image *img, struct qcow2_io *io,
@@ -75,7 +134,7 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io,
     qcow2_error (img, "qcow2-snapshot: a snapshot is served read-only");
     return -EROFS;
   }
-  if (img->opts.compress && img->crypt.enabled) {
+  if (img->opts.compress && qcow2_image_encrypted (img)) {
     /* qemu-img convert -c's refusal, in its words. */
     qcow2_error (img, "qcow2-compress: Compression and encryption not "
                  "supported at the same time");
@@ -103,36 +162,25 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io,
       ? qcow2_repair_refcounts (img, io, snapshots)
       : qcow2_refcount_load (img, io);
   if (r == 0)
+    r = build_regions (img, snapshots);
+  if (r == 0)
     r = qcow2_bitmaps_check (img, io);
+  if (r == 0)
+    r = qcow2_alloc_init (img);
+  if (r == 0)
+    r = qcow2_dirty_open (img);
+  if (r == 0)
+    r = qcow2_writeback_open (img);
+  if (r == 0)
+    r = qcow2_scratch_open (img);
+  if (r == 0 && img->opts.compress)
+    r = qcow2_compress_open (img);
+  if (r == 0 && img->opts.compress)
+    r = qcow2_dedup_init (img);
   if (r < 0)
     return r;
-  qcow2_alloc_init (img);
-  img->l1_dirty = calloc (h->l1_size ? h->l1_size : 1, 1);
-  img->zero_cluster = calloc (1, h->cluster_size);
-  if (!img->l1_dirty || !img->zero_cluster) {
-    qcow2_error (img, "out of memory for the write state");
-    return -ENOMEM;
-  }
-
   qcow2_first_change_arm (img);
   return 0;
-}
-
-/* The image lock is held only briefly, by many readers at once: a
- * writer waiting for it goes before readers that come after it, so that
- * a stream of reads cannot hold a write back.  No thread takes one
- * image's lock twice.
- */
-static void
-init_lock (pthread_rwlock_t *lock)
-{
-  pthread_rwlockattr_t attr;
-
-  pthread_rwlockattr_init (&attr);
-  pthread_rwlockattr_setkind_np (&attr,
-                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-  pthread_rwlock_init (lock, &attr);
-  pthread_rwlockattr_destroy (&attr);
 }
 
 /* Read the snapshot table (qemu refuses an image whose table is bad),
@@ -249,12 +297,11 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
   if (log)
     img->log = *log;
   img->opts = *opts;
-  init_lock (&img->lock);
-  pthread_mutex_init (&img->writeback_lock, NULL);
+  /* Held only briefly, by many readers at once: a writer waiting for it
+   * goes before readers that come after it (base/lockorder.h).
+   */
+  qcow2_rwlock_init (&img->lock, QCOW2_RANK_IMAGE, "the image lock");
   qcow2_inflight_init (&img->inflight);
-  pthread_mutex_init (&img->scratch_lock, NULL);
-  pthread_mutex_init (&img->compressors_lock, NULL);
-  pthread_mutex_init (&img->dedup_lock, NULL);
 
   size = io->size (io->opaque);
   if (size < 0) {
@@ -299,11 +346,12 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
     r = -EINVAL;
     goto fail;
   }
-  r = qcow2_encrypt_open (img, io, first, first_len);
+  r = qcow2_crypt_open (img, io, first, first_len);
   if (r < 0)
     goto fail;
   /* qemu too takes a secret for an image that has no use for it. */
-  if (opts->passphrase && !img->crypt.enabled && opts->backing_depth == 0)
+  if (opts->passphrase && !qcow2_image_encrypted (img) &&
+      opts->backing_depth == 0)
     qcow2_debug (img, "qcow2-passphrase: the image is not encrypted: "
                  "the passphrase is not used");
 
@@ -315,28 +363,21 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
                qcow2_compression_name (img->header.compression_type),
                img->header.l1_size, img->header.l1_table_offset,
                img->file_size, img->header.nb_snapshots,
-               img->crypt.enabled ? ", LUKS-encrypted" : "",
+               qcow2_image_encrypted (img) ? ", LUKS-encrypted" : "",
                img->header.incompatible_features & QCOW2_INCOMPAT_DIRTY
                ? ", dirty" : "",
                img->header.incompatible_features & QCOW2_INCOMPAT_CORRUPT
                ? ", marked corrupt" : "");
 
-  img->csize_shift = 62 - (img->header.cluster_bits - 8);
-  img->csize_mask = (UINT64_C (1) << (img->header.cluster_bits - 8)) - 1;
-  img->coffset_mask = (UINT64_C (1) << img->csize_shift) - 1;
-
   r = open_snapshots (img, io, &snapshots);
   if (r == 0)
-    r = qcow2_l1_load (img, io);
+    r = qcow2_map_open (img, io, opts->l2_cache_size);
   if (r < 0)
     goto fail;
-
-  img->l2_cache = qcow2_cache_new (img->header.cluster_size,
-                                   opts->l2_cache_size);
   img->cluster_cache = qcow2_cache_new (img->header.cluster_size,
                                         opts->cluster_cache_size);
-  if (img->l2_cache == NULL || img->cluster_cache == NULL) {
-    qcow2_error (img, "out of memory for the caches");
+  if (img->cluster_cache == NULL) {
+    qcow2_error (img, "out of memory for the cluster cache");
     r = -ENOMEM;
     goto fail;
   }
@@ -366,11 +407,6 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
       goto fail;
     }
   }
-  if (opts->writable && opts->compress) {
-    r = qcow2_dedup_init (img);
-    if (r < 0)
-      goto fail;
-  }
 
   *imagep = img;
   return 0;
@@ -387,26 +423,21 @@ qcow2_image_close (struct qcow2_image *img)
 {
   if (img == NULL)
     return;
-  qcow2_cache_free (img->l2_cache);
-  qcow2_cache_free (img->cluster_cache);
-  qcow2_backing_close (img);
-  qcow2_refcount_free (img);
-  qcow2_bitmaps_free (img);
-  qcow2_alloc_free (img);
-  tablemap_clear (&img->dirty_l2);
-  free (img->l1_dirty);
-  free (img->zero_cluster);
-  qcow2_scratch_free_all (img);
-  qcow2_encrypt_close (img);
   qcow2_compress_free (img);
   qcow2_dedup_free (img);
-  free (img->l1);
-  pthread_mutex_destroy (&img->compressors_lock);
-  pthread_mutex_destroy (&img->dedup_lock);
-  pthread_mutex_destroy (&img->scratch_lock);
+  qcow2_scratch_close (img);
+  qcow2_writeback_close (img);
+  qcow2_dirty_close (img);
+  qcow2_alloc_free (img);
+  qcow2_regions_close (img);
+  qcow2_bitmaps_free (img);
+  qcow2_refcount_free (img);
+  qcow2_cache_free (img->cluster_cache);
+  qcow2_map_close (img);
+  qcow2_crypt_close (img);
+  qcow2_backing_close (img);
   qcow2_inflight_destroy (&img->inflight);
-  pthread_mutex_destroy (&img->writeback_lock);
-  pthread_rwlock_destroy (&img->lock);
+  qcow2_rwlock_destroy (&img->lock);
   free (img);
 }
 
@@ -428,14 +459,16 @@ qcow2_image_get_stats (struct qcow2_image *img, struct qcow2_stats *stats)
   struct qcow2_cache_stats cs;
 
   memset (stats, 0, sizeof *stats);
-  stats->clusters_decompressed = atomic_load (&img->clusters_decompressed);
-  stats->bytes_read_underneath = atomic_load (&img->bytes_read_underneath);
-  stats->reads_underneath = atomic_load (&img->reads_underneath);
+  stats->clusters_decompressed =
+    atomic_load (&img->counters.clusters_decompressed);
+  stats->bytes_read_underneath =
+    atomic_load (&img->counters.bytes_read_underneath);
+  stats->reads_underneath = atomic_load (&img->counters.reads_underneath);
   qcow2_cache_get_stats (img->cluster_cache, &cs);
   stats->cluster_cache_hits = cs.hits;
   stats->cluster_cache_misses = cs.misses;
   stats->cluster_cache_evictions = cs.evictions;
-  qcow2_cache_get_stats (img->l2_cache, &cs);
+  qcow2_l2_cache_stats (img, &cs);
   stats->l2_cache_hits = cs.hits;
   stats->l2_cache_misses = cs.misses;
   stats->l2_cache_evictions = cs.evictions;

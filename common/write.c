@@ -13,7 +13,7 @@
  * data written with no lock held, and only placed under it
  * (paths/compress.h); the parts of clusters at either end of a write
  * take the plain path.  When the file is full but released clusters wait
- * for a writeback, the paths answer QCOW2_RECLAIM (meta/alloc.h) and
+ * for a writeback, the paths answer CHANGE_NEEDS_ROOM (meta/alloc.h) and
  * this file does the writeback, holding nothing, and goes on.  FUA: a
  * write that changed no metadata, into clusters whose metadata is on
  * disk, only flushes the device; anything else writes the metadata back.
@@ -27,7 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "meta/alloc.h"
 #include "meta/bitmap.h"
 #include "paths/cluster.h"
 #include "paths/compress.h"
@@ -35,10 +34,11 @@
 #include "paths/dedup.h"
 #include "meta/first-change.h"
 #include "meta/hostio.h"
-#include "paths/scratch.h"
+#include "meta/log.h"
 #include "meta/writeback.h"
+#include "paths/scratch.h"
 
-/* The allocator answered QCOW2_RECLAIM: the file is full, but clusters
+/* The paths answered CHANGE_NEEDS_ROOM: the file is full, but clusters
  * released since the last writeback wait for it before they may be
  * reused.  The writeback applies those releases; the caller then goes on
  * from where it stopped.  It holds no lock, claim or grace period here.
@@ -63,10 +63,18 @@ change (struct qcow2_image *img, struct qcow2_io *io, struct qcow2_conn *conn,
   int r;
 
   for (;;) {
-    r = qcow2_change_range (img, io, conn, req, op, buf, count, offset,
-                            &done, result);
-    if (r != QCOW2_RECLAIM || (r = reclaim (img, io)) < 0)
+    switch (qcow2_change_range (img, io, conn, req, op, buf, count, offset,
+                                &done, result, &r)) {
+    case CHANGE_DONE:
+      return 0;
+    case CHANGE_FAILED:
       return r;
+    case CHANGE_NEEDS_ROOM:
+      r = reclaim (img, io);
+      if (r < 0)
+        return r;
+      break;
+    }
     if (buf)
       buf += done;
     count -= done;
@@ -98,7 +106,6 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
 {
   struct qcow2_image *img = ctx->img;
   struct write_scratch *ws;
-  size_t step = 0;
   int r;
 
   if (ctx->count == 0)
@@ -109,9 +116,15 @@ flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
   ws = qcow2_scratch_get (img);
   if (ws == NULL)
     return -ENOMEM;
-  do
-    r = qcow2_compress_place (img, io, ctx, ws, first_gc, &step, result);
-  while (r == QCOW2_RECLAIM && (r = reclaim (img, io)) == 0);
+  for (;;) {
+    enum change_outcome outcome = qcow2_compress_place (img, io, ctx, ws,
+                                                        first_gc, result,
+                                                        &r);
+    if (outcome == CHANGE_DONE)
+      r = 0;
+    if (outcome != CHANGE_NEEDS_ROOM || (r = reclaim (img, io)) < 0)
+      break;
+  }
   qcow2_scratch_put (img, ws);
   ctx->count = 0;
   return r;
@@ -205,14 +218,14 @@ flush_data_early (struct qcow2_image *img, struct qcow2_io *io)
   bool running = false;
   int r;
 
-  if (atomic_load_explicit (&img->unflushed_bytes, memory_order_relaxed)
-      < EARLY_FLUSH_BYTES)
+  if (atomic_load_explicit (&img->counters.unflushed_bytes,
+                           memory_order_relaxed) < EARLY_FLUSH_BYTES)
     return 0;
-  if (!atomic_compare_exchange_strong (&img->early_flush_running,
+  if (!atomic_compare_exchange_strong (&img->counters.early_flush_running,
                                        &running, true))
     return 0;
   r = qcow2_flush_logged (img, io);
-  atomic_store (&img->early_flush_running, false);
+  atomic_store (&img->counters.early_flush_running, false);
   return r;
 }
 
@@ -256,7 +269,7 @@ qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
      */
     struct request *req = NULL;
 
-    if (img->crypt.enabled &&
+    if (qcow2_image_encrypted (img) &&
         ((req = qcow2_conn_request_get (conn)) == NULL ||
          qcow2_conn_request_crypt_buf (conn, req) < 0)) {
       if (req)
@@ -338,9 +351,9 @@ qcow2_finish (struct qcow2_image *img, struct qcow2_io *io)
   r = qcow2_bitmaps_store (img, io, QCOW2_STORE_CLEAN, &cleared);
   if (cleared) {
     /* Consistent on disk again: a later write marks them in use first. */
-    pthread_rwlock_wrlock (&img->lock);
+    qcow2_rwlock_wrlock (&img->lock);
     qcow2_first_change_arm (img);
-    pthread_rwlock_unlock (&img->lock);
+    qcow2_rwlock_unlock (&img->lock);
   }
   return r;
 }

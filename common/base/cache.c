@@ -9,12 +9,13 @@
 #include <string.h>
 
 #include "base/cache.h"
+#include "base/lockorder.h"
 
 #define MAX_SHARDS 16
 #define EMPTY UINT32_MAX
 
 struct shard {
-  pthread_mutex_t lock;
+  struct qcow2_mutex lock;
   uint32_t nslots;            /* capacity */
   uint32_t used;              /* slots filled so far, all below nslots */
   uint32_t hand;              /* CLOCK hand */
@@ -72,7 +73,7 @@ qcow2_cache_new (size_t slot_size, uint64_t total_bytes)
     struct shard *s = &cache->shards[i];
     uint32_t table_size = 2;
 
-    pthread_mutex_init (&s->lock, NULL);
+    qcow2_mutex_init (&s->lock, QCOW2_RANK_CACHE, "a cache shard");
     s->nslots = total_slots / cache->nshards;
     if (s->nslots == 0)
       continue;
@@ -101,7 +102,7 @@ qcow2_cache_free (struct qcow2_cache *cache)
     return;
   for (i = 0; i < cache->nshards; ++i) {
     struct shard *s = &cache->shards[i];
-    pthread_mutex_destroy (&s->lock);
+    qcow2_mutex_destroy (&s->lock);
     free (s->table);
     free (s->keys);
     free (s->referenced);
@@ -160,19 +161,19 @@ qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
 
   if (s->nslots == 0)
     return false;
-  pthread_mutex_lock (&s->lock);
+  qcow2_mutex_lock (&s->lock);
   pos = find (s, key, hash);
   slot = s->table[pos];
   if (slot == EMPTY) {
     s->misses++;
-    pthread_mutex_unlock (&s->lock);
+    qcow2_mutex_unlock (&s->lock);
     return false;
   }
   s->referenced[slot] = 1;
   s->hits++;
   if (len)
     memcpy (dst, s->data + (size_t) slot * cache->slot_size + offset, len);
-  pthread_mutex_unlock (&s->lock);
+  qcow2_mutex_unlock (&s->lock);
   return true;
 }
 
@@ -187,9 +188,9 @@ qcow2_cache_put (struct qcow2_cache *cache, uint64_t key, const void *src)
 
   if (s->nslots == 0)
     return;
-  pthread_mutex_lock (&s->lock);
+  qcow2_mutex_lock (&s->lock);
   put_locked (cache, s, key, hash, src);
-  pthread_mutex_unlock (&s->lock);
+  qcow2_mutex_unlock (&s->lock);
 }
 
 void
@@ -201,10 +202,10 @@ qcow2_cache_put_if (struct qcow2_cache *cache, uint64_t key, const void *src,
 
   if (s->nslots == 0)
     return;
-  pthread_mutex_lock (&s->lock);
+  qcow2_mutex_lock (&s->lock);
   if (atomic_load (generation) == expected)
     put_locked (cache, s, key, hash, src);
-  pthread_mutex_unlock (&s->lock);
+  qcow2_mutex_unlock (&s->lock);
 }
 
 static void
@@ -245,7 +246,7 @@ qcow2_cache_drop (struct qcow2_cache *cache, uint64_t key)
 
   if (s->nslots == 0)
     return;
-  pthread_mutex_lock (&s->lock);
+  qcow2_mutex_lock (&s->lock);
   pos = find (s, key, hash);
   slot = s->table[pos];
   if (slot != EMPTY) {
@@ -264,7 +265,7 @@ qcow2_cache_drop (struct qcow2_cache *cache, uint64_t key)
     if (s->hand >= s->used)
       s->hand = 0;
   }
-  pthread_mutex_unlock (&s->lock);
+  qcow2_mutex_unlock (&s->lock);
 }
 
 void
@@ -276,12 +277,12 @@ qcow2_cache_get_stats (struct qcow2_cache *cache,
   memset (stats, 0, sizeof *stats);
   for (i = 0; i < cache->nshards; ++i) {
     struct shard *s = &cache->shards[i];
-    pthread_mutex_lock (&s->lock);
+    qcow2_mutex_lock (&s->lock);
     stats->hits += s->hits;
     stats->misses += s->misses;
     stats->evictions += s->evictions;
     stats->slots += s->nslots;
     stats->used += s->used;
-    pthread_mutex_unlock (&s->lock);
+    qcow2_mutex_unlock (&s->lock);
   }
 }

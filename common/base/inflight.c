@@ -6,12 +6,13 @@
 #include <config.h>
 
 #include "base/inflight.h"
+#include "base/lockorder.h"
 
 void
 qcow2_inflight_init (struct qcow2_inflight *f)
 {
   *f = (struct qcow2_inflight) { .next_ticket = 1 };
-  pthread_mutex_init (&f->lock, NULL);
+  qcow2_mutex_init (&f->lock, QCOW2_RANK_LEAF, "the in-flight table");
   pthread_cond_init (&f->left, NULL);
   pthread_cond_init (&f->claim_ended, NULL);
 }
@@ -21,13 +22,13 @@ qcow2_inflight_destroy (struct qcow2_inflight *f)
 {
   pthread_cond_destroy (&f->claim_ended);
   pthread_cond_destroy (&f->left);
-  pthread_mutex_destroy (&f->lock);
+  qcow2_mutex_destroy (&f->lock);
 }
 
 void
 qcow2_inflight_enter (struct qcow2_inflight *f, struct qcow2_inflight_op *op)
 {
-  pthread_mutex_lock (&f->lock);
+  qcow2_mutex_lock (&f->lock);
   op->ticket = f->next_ticket++;
   op->next = NULL;
   op->prev = f->newest;
@@ -36,7 +37,7 @@ qcow2_inflight_enter (struct qcow2_inflight *f, struct qcow2_inflight_op *op)
   else
     f->oldest = op;
   f->newest = op;
-  pthread_mutex_unlock (&f->lock);
+  qcow2_mutex_unlock (&f->lock);
 }
 
 void
@@ -44,7 +45,7 @@ qcow2_inflight_leave (struct qcow2_inflight *f, struct qcow2_inflight_op *op)
 {
   bool was_oldest;
 
-  pthread_mutex_lock (&f->lock);
+  qcow2_mutex_lock (&f->lock);
   was_oldest = op->prev == NULL;
   if (op->prev)
     op->prev->next = op->next;
@@ -57,7 +58,7 @@ qcow2_inflight_leave (struct qcow2_inflight *f, struct qcow2_inflight_op *op)
   /* Only the oldest leaving can make a mark pass. */
   if (was_oldest && f->grace_waiters)
     pthread_cond_broadcast (&f->left);
-  pthread_mutex_unlock (&f->lock);
+  qcow2_mutex_unlock (&f->lock);
 }
 
 uint64_t
@@ -65,9 +66,9 @@ qcow2_inflight_mark (struct qcow2_inflight *f)
 {
   uint64_t mark;
 
-  pthread_mutex_lock (&f->lock);
+  qcow2_mutex_lock (&f->lock);
   mark = f->next_ticket;
-  pthread_mutex_unlock (&f->lock);
+  qcow2_mutex_unlock (&f->lock);
   return mark;
 }
 
@@ -83,21 +84,21 @@ qcow2_inflight_passed (struct qcow2_inflight *f, uint64_t mark)
 {
   bool passed;
 
-  pthread_mutex_lock (&f->lock);
+  qcow2_mutex_lock (&f->lock);
   passed = passed_locked (f, mark);
-  pthread_mutex_unlock (&f->lock);
+  qcow2_mutex_unlock (&f->lock);
   return passed;
 }
 
 void
 qcow2_inflight_wait (struct qcow2_inflight *f, uint64_t mark)
 {
-  pthread_mutex_lock (&f->lock);
+  qcow2_mutex_lock (&f->lock);
   f->grace_waiters++;
   while (!passed_locked (f, mark))
-    pthread_cond_wait (&f->left, &f->lock);
+    qcow2_cond_wait (&f->left, &f->lock);
   f->grace_waiters--;
-  pthread_mutex_unlock (&f->lock);
+  qcow2_mutex_unlock (&f->lock);
 }
 
 bool
@@ -107,14 +108,14 @@ qcow2_inflight_claimed (struct qcow2_inflight *f, uint64_t first,
   const struct qcow2_claim *c;
   bool claimed = false;
 
-  pthread_mutex_lock (&f->lock);
+  qcow2_mutex_lock (&f->lock);
   for (c = first < end ? f->claims : NULL; c; c = c->next)
     if (c->first < end && first < c->end) {
       claimed = true;
       break;
     }
   *ticket = f->claims_ended;
-  pthread_mutex_unlock (&f->lock);
+  qcow2_mutex_unlock (&f->lock);
   return claimed;
 }
 
@@ -125,12 +126,12 @@ qcow2_inflight_wait_claim (struct qcow2_inflight *f, uint64_t ticket)
    * caller held (in some mode) when it got TICKET: any claim it saw has
    * either ended since (the count moved on) or will end and wake us.
    */
-  pthread_mutex_lock (&f->lock);
+  qcow2_mutex_lock (&f->lock);
   f->claim_waiters++;
   while (f->claims_ended == ticket)
-    pthread_cond_wait (&f->claim_ended, &f->lock);
+    qcow2_cond_wait (&f->claim_ended, &f->lock);
   f->claim_waiters--;
-  pthread_mutex_unlock (&f->lock);
+  qcow2_mutex_unlock (&f->lock);
 }
 
 void
@@ -139,19 +140,19 @@ qcow2_inflight_claim (struct qcow2_inflight *f, struct qcow2_claim *c,
 {
   c->first = first;
   c->end = end;
-  pthread_mutex_lock (&f->lock);
+  qcow2_mutex_lock (&f->lock);
   c->prev = NULL;
   c->next = f->claims;
   if (f->claims)
     f->claims->prev = c;
   f->claims = c;
-  pthread_mutex_unlock (&f->lock);
+  qcow2_mutex_unlock (&f->lock);
 }
 
 void
 qcow2_inflight_unclaim (struct qcow2_inflight *f, struct qcow2_claim *c)
 {
-  pthread_mutex_lock (&f->lock);
+  qcow2_mutex_lock (&f->lock);
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -161,5 +162,5 @@ qcow2_inflight_unclaim (struct qcow2_inflight *f, struct qcow2_claim *c)
   f->claims_ended++;
   if (f->claim_waiters)
     pthread_cond_broadcast (&f->claim_ended);
-  pthread_mutex_unlock (&f->lock);
+  qcow2_mutex_unlock (&f->lock);
 }

@@ -32,7 +32,7 @@
  *
  * Offers: the two halves below.
  * Locks: its own mutex, held only inside each call (a leaf of the lock
- * order, meta/types.h).  The image lock as each call says.  Never wait
+ * order, base/lockorder.h).  The image lock as each call says.  Never wait
  * (qcow2_inflight_wait, qcow2_inflight_wait_claim) with the image lock
  * held, nor while registered or holding a claim: a grace period waits
  * for registered operations, so an operation that waited on one would
@@ -45,6 +45,8 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "base/lockorder.h"
 
 /* One operation registered for a grace period (the caller's, usually on
  * its stack, from enter to leave).
@@ -61,7 +63,7 @@ struct qcow2_claim {
 };
 
 struct qcow2_inflight {
-  pthread_mutex_t lock;
+  struct qcow2_mutex lock;
   /* Registered operations, oldest first (tickets rise). */
   struct qcow2_inflight_op *oldest, *newest;
   uint64_t next_ticket;

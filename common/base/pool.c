@@ -6,8 +6,10 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "base/pool.h"
+#include "base/lockorder.h"
 
 struct worker {
   struct qcow2_pool *pool;
@@ -17,7 +19,7 @@ struct worker {
 };
 
 struct qcow2_pool {
-  pthread_mutex_t lock;
+  struct qcow2_mutex lock;
   pthread_cond_t work_ready;    /* a batch was queued, or stop */
   pthread_cond_t job_done;      /* some batch finished a job */
   struct qcow2_batch *head, *tail;
@@ -50,14 +52,14 @@ claim (struct qcow2_pool *pool, size_t *index)
 static void
 finish_job (struct qcow2_pool *pool, struct qcow2_batch *batch)
 {
-  pthread_mutex_lock (&pool->lock);
+  qcow2_mutex_lock (&pool->lock);
   if (++batch->done == batch->count) {
     if (batch->finished)
       pthread_cond_signal (batch->finished);
     else
       pthread_cond_broadcast (&pool->job_done);
   }
-  pthread_mutex_unlock (&pool->lock);
+  qcow2_mutex_unlock (&pool->lock);
 }
 
 static void *
@@ -66,22 +68,22 @@ worker_main (void *arg)
   struct worker *w = arg;
   struct qcow2_pool *pool = w->pool;
 
-  pthread_mutex_lock (&pool->lock);
+  qcow2_mutex_lock (&pool->lock);
   for (;;) {
     struct qcow2_batch *batch;
     size_t index = 0;
 
     while (!pool->stopping && pool->head == NULL)
-      pthread_cond_wait (&pool->work_ready, &pool->lock);
+      qcow2_cond_wait (&pool->work_ready, &pool->lock);
     if (pool->stopping)
       break;
     batch = claim (pool, &index);
-    pthread_mutex_unlock (&pool->lock);
+    qcow2_mutex_unlock (&pool->lock);
     batch->run (batch->arg, index, w->state);
     finish_job (pool, batch);
-    pthread_mutex_lock (&pool->lock);
+    qcow2_mutex_lock (&pool->lock);
   }
-  pthread_mutex_unlock (&pool->lock);
+  qcow2_mutex_unlock (&pool->lock);
   return NULL;
 }
 
@@ -94,7 +96,7 @@ qcow2_pool_new (unsigned nthreads, void *(*init) (void *arg),
 
   if (pool == NULL)
     return NULL;
-  pthread_mutex_init (&pool->lock, NULL);
+  qcow2_mutex_init (&pool->lock, QCOW2_RANK_POOL, "a pool's queue");
   pthread_cond_init (&pool->work_ready, NULL);
   pthread_cond_init (&pool->job_done, NULL);
   pool->fini = fini;
@@ -126,10 +128,10 @@ qcow2_pool_free (struct qcow2_pool *pool)
 
   if (pool == NULL)
     return;
-  pthread_mutex_lock (&pool->lock);
+  qcow2_mutex_lock (&pool->lock);
   pool->stopping = true;
   pthread_cond_broadcast (&pool->work_ready);
-  pthread_mutex_unlock (&pool->lock);
+  qcow2_mutex_unlock (&pool->lock);
   for (i = 0; i < pool->nthreads; ++i) {
     if (pool->workers[i].started)
       pthread_join (pool->workers[i].thread, NULL);
@@ -138,7 +140,7 @@ qcow2_pool_free (struct qcow2_pool *pool)
   }
   pthread_cond_destroy (&pool->job_done);
   pthread_cond_destroy (&pool->work_ready);
-  pthread_mutex_destroy (&pool->lock);
+  qcow2_mutex_destroy (&pool->lock);
   free (pool->workers);
   free (pool);
 }
@@ -153,7 +155,7 @@ qcow2_pool_submit (struct qcow2_pool *pool, struct qcow2_batch *batch)
   batch->queued = 0;
   if (batch->count == 0)
     return;
-  pthread_mutex_lock (&pool->lock);
+  qcow2_mutex_lock (&pool->lock);
   batch->queued = 1;
   if (pool->tail)
     pool->tail->queue_next = batch;
@@ -162,7 +164,7 @@ qcow2_pool_submit (struct qcow2_pool *pool, struct qcow2_batch *batch)
   pool->tail = batch;
   if (pool->nthreads > 0)
     pthread_cond_broadcast (&pool->work_ready);
-  pthread_mutex_unlock (&pool->lock);
+  qcow2_mutex_unlock (&pool->lock);
 }
 
 /* Remove BATCH from the queue wherever it is.  Lock held. */
@@ -189,22 +191,22 @@ qcow2_pool_wait (struct qcow2_pool *pool, struct qcow2_batch *batch,
 {
   if (batch->count == 0)
     return;
-  pthread_mutex_lock (&pool->lock);
+  qcow2_mutex_lock (&pool->lock);
   while (caller_state && batch->next < batch->count) {
     size_t index = batch->next++;
 
     if (batch->next == batch->count)
       unlink_batch (pool, batch);
-    pthread_mutex_unlock (&pool->lock);
+    qcow2_mutex_unlock (&pool->lock);
     batch->run (batch->arg, index, caller_state);
-    pthread_mutex_lock (&pool->lock);
+    qcow2_mutex_lock (&pool->lock);
     batch->done++;
     batch->run_by_waiter++;
   }
   while (batch->done < batch->count)
-    pthread_cond_wait (batch->finished ? batch->finished : &pool->job_done,
+    qcow2_cond_wait (batch->finished ? batch->finished : &pool->job_done,
                        &pool->lock);
-  pthread_mutex_unlock (&pool->lock);
+  qcow2_mutex_unlock (&pool->lock);
 }
 
 void
@@ -223,4 +225,12 @@ unsigned
 qcow2_pool_threads (const struct qcow2_pool *pool)
 {
   return pool->nthreads;
+}
+
+unsigned
+qcow2_online_cpus (void)
+{
+  long cpus = sysconf (_SC_NPROCESSORS_ONLN);
+
+  return cpus > 0 ? (unsigned) cpus : 1;
 }

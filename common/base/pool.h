@@ -67,4 +67,7 @@ void qcow2_pool_wait (struct qcow2_pool *pool, struct qcow2_batch *batch,
 
 unsigned qcow2_pool_threads (const struct qcow2_pool *pool);
 
+/* The CPUs online, at least 1: how many workers a pool can keep busy. */
+unsigned qcow2_online_cpus (void);
+
 #endif /* QCOW2_POOL_H */

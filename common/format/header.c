@@ -27,15 +27,41 @@ enum {
   OFF_MAGIC = 0, OFF_VERSION = 4, OFF_BACKING_OFFSET = 8,
   OFF_BACKING_SIZE = 16, OFF_CLUSTER_BITS = 20, OFF_SIZE = 24,
   OFF_CRYPT = 32, OFF_L1_SIZE = 36, OFF_L1_OFFSET = 40,
-  OFF_REFTABLE_OFFSET = QCOW2_HEADER_REFCOUNT_TABLE_OFFSET,
+  OFF_REFTABLE_OFFSET = 48,
   OFF_REFTABLE_CLUSTERS = 56,
   OFF_NB_SNAPSHOTS = 60, OFF_SNAPSHOTS_OFFSET = 64,
-  OFF_INCOMPAT = QCOW2_HEADER_INCOMPATIBLE_FEATURES, OFF_COMPAT = 80,
-  OFF_AUTOCLEAR = QCOW2_HEADER_AUTOCLEAR_FEATURES,
+  OFF_INCOMPAT = 72, OFF_COMPAT = 80, OFF_AUTOCLEAR = 88,
   OFF_REFCOUNT_ORDER = 96, OFF_HEADER_LENGTH = 100,
   OFF_COMPRESSION_TYPE = 104,
   V2_HEADER_LENGTH = 72, V3_MIN_HEADER_LENGTH = 104,
 };
+
+void
+qcow2_header_field (const struct qcow2_header *h,
+                    enum qcow2_header_field field,
+                    struct qcow2_field_bytes *out)
+{
+  switch (field) {
+  case QCOW2_FIELD_REFCOUNT_TABLE:
+    out->offset = OFF_REFTABLE_OFFSET;
+    out->len = 12;
+    put_be64 (out->bytes, h->refcount_table_offset);
+    put_be32 (out->bytes + 8, h->refcount_table_clusters);
+    _Static_assert (OFF_REFTABLE_CLUSTERS == OFF_REFTABLE_OFFSET + 8,
+                    "the refcount table's fields are written together");
+    return;
+  case QCOW2_FIELD_INCOMPATIBLE_FEATURES:
+    out->offset = OFF_INCOMPAT;
+    out->len = 8;
+    put_be64 (out->bytes, h->incompatible_features);
+    return;
+  case QCOW2_FIELD_AUTOCLEAR_FEATURES:
+    out->offset = OFF_AUTOCLEAR;
+    out->len = 8;
+    put_be64 (out->bytes, h->autoclear_features);
+    return;
+  }
+}
 
 /* Is [offset, offset+len) inside the file, without overflowing? */
 static bool

@@ -34,10 +34,6 @@
 #define QCOW2_AUTOCLEAR_BITMAPS       (UINT64_C (1) << 0)
 #define QCOW2_AUTOCLEAR_DATA_FILE_RAW (UINT64_C (1) << 1)
 
-/* Where the header fields that the engine rewrites lie (qcow2.txt). */
-#define QCOW2_HEADER_REFCOUNT_TABLE_OFFSET  48   /* u64, then u32 clusters */
-#define QCOW2_HEADER_INCOMPATIBLE_FEATURES  72   /* u64 */
-#define QCOW2_HEADER_AUTOCLEAR_FEATURES     88   /* u64 */
 
 /* Header extension types. */
 #define QCOW2_EXT_END            0x00000000u
@@ -46,6 +42,11 @@
 #define QCOW2_EXT_BITMAPS        0x23852875u
 #define QCOW2_EXT_CRYPTO         0x0537be77u
 #define QCOW2_EXT_DATA_FILE      0x44415441u
+
+/* crypt_method. */
+#define QCOW2_CRYPT_NONE 0
+#define QCOW2_CRYPT_AES  1              /* legacy, refused */
+#define QCOW2_CRYPT_LUKS 2
 
 enum qcow2_compression {
   QCOW2_COMPRESSION_ZLIB = 0,
@@ -106,6 +107,27 @@ int qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
  */
 int qcow2_header_check_features (const struct qcow2_header *h,
                                  char *errbuf, size_t errlen);
+
+/* The header fields the engine writes while it serves an image, each by
+ * name: qcow2_header_field gives where one lies in the file and its
+ * bytes as H holds it, to be written as one piece.
+ */
+enum qcow2_header_field {
+  QCOW2_FIELD_REFCOUNT_TABLE,       /* refcount_table_offset and
+                                       refcount_table_clusters together */
+  QCOW2_FIELD_INCOMPATIBLE_FEATURES,
+  QCOW2_FIELD_AUTOCLEAR_FEATURES,
+};
+
+struct qcow2_field_bytes {
+  uint64_t offset;                  /* in the file */
+  uint32_t len;
+  uint8_t bytes[12];
+};
+
+void qcow2_header_field (const struct qcow2_header *h,
+                         enum qcow2_header_field field,
+                         struct qcow2_field_bytes *out);
 
 /* Walk the header extensions.  Calls FN for each extension (type, data,
  * length) until it returns nonzero or the end marker.  Returns -1 with a

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* qcow2zstd engine: allocating host clusters, and releasing them. */
+/* qcow2zstd engine: allocating host clusters (see meta/alloc.h). */
 
 #include <config.h>
 
@@ -8,20 +8,21 @@
 #include <string.h>
 
 #include "meta/alloc.h"
-#include "base/cache.h"
-#include "meta/hostio.h"
-#include "base/inflight.h"
+#include "meta/alloc-internal.h"
+#include "meta/log.h"
 #include "meta/refcount.h"
-#include "base/tablemap.h"
+#include "meta/regions.h"
+#include "meta/release.h"
 
-/* Room at the end of a packed host cluster too small to keep. */
-#define MIN_GAP_BYTES 512
-
-void
+int
 qcow2_alloc_init (struct qcow2_image *img)
 {
-  struct allocator *a = &img->alloc;
+  struct qcow2_allocator *a = calloc (1, sizeof *a);
 
+  if (a == NULL) {
+    qcow2_error (img, "out of memory for the allocator");
+    return -ENOMEM;
+  }
   /* Storage that grows (the plugin's own file) ends only where host
    * offsets do.
    */
@@ -29,19 +30,25 @@ qcow2_alloc_init (struct qcow2_image *img)
     ? QCOW2_MAX_HOST_OFFSET >> img->header.cluster_bits
     : img->file_size >> img->header.cluster_bits;
   a->free_hint = 1;
+  img->alloc = a;
+  return 0;
 }
 
 void
 qcow2_alloc_free (struct qcow2_image *img)
 {
-  free (img->alloc.pending);
-  free (img->alloc.released);
-  memset (&img->alloc, 0, sizeof img->alloc);
+  struct qcow2_allocator *a = img->alloc;
+
+  if (a == NULL)
+    return;
+  free (a->pending);
+  free (a->released);
+  free (a);
+  img->alloc = NULL;
 }
 
-/* Is CLUSTER held back until its release is durable and discarded? */
-static bool
-is_released (const struct allocator *a, uint64_t cluster)
+bool
+qcow2_alloc_is_released (const struct qcow2_allocator *a, uint64_t cluster)
 {
   size_t lo = 0, hi = a->nreleased;
 
@@ -59,75 +66,57 @@ is_released (const struct allocator *a, uint64_t cluster)
   return false;
 }
 
-/* Clusters the allocator must never hand out even if their refcount says
- * they are free: the header, the L1 table, the refcount table, the LUKS
- * area, and every refcount block and changed L2 table held in memory.  A valid image
- * counts them anyway; this keeps a damaged one (a table counted 0) from
- * being made worse, by one table overwriting another.
- */
-static bool
-holds_metadata (struct qcow2_image *img, uint64_t cluster)
+bool
+qcow2_alloc_room_after_writeback (const struct qcow2_image *img)
 {
-  const struct qcow2_header *h = &img->header;
-  uint64_t off = cluster << h->cluster_bits;
-  uint64_t end = off + h->cluster_size;
-  uint64_t l1_end = h->l1_table_offset + (uint64_t) h->l1_size * 8;
-  uint64_t rt_end = img->rc.table_offset +
-    ((uint64_t) img->rc.table_clusters << h->cluster_bits);
-
-  if (cluster == 0)
-    return true;
-  if (h->l1_size && off < l1_end && end > h->l1_table_offset)
-    return true;
-  if (off < rt_end && end > img->rc.table_offset)
-    return true;
-  if (img->crypt.enabled && off < img->crypt.area_offset +
-      img->crypt.area_length && end > img->crypt.area_offset)
-    return true;
-  return qcow2_refcount_is_block (img, off) ||
-    tablemap_find (&img->dirty_l2, off) != NULL;
+  /* Clusters held back after their release was applied count too: a
+   * writeback running meanwhile (it lets the image lock go between
+   * applying the releases and discarding what they freed) or one that
+   * failed makes them reusable.
+   */
+  return qcow2_pending_frees (img) > 0 || img->alloc->nreleased > 0;
 }
 
-/* The host cluster after the one compressed data is being packed into:
- * packed data runs on into it if it is free.
- */
-static uint64_t
-pack_next_cluster (const struct qcow2_image *img)
+/* Is host cluster I free to hand out? */
+static int
+cluster_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t i,
+              bool *is_free)
 {
-  return (((img->alloc.pack_cursor - 1) | (img->header.cluster_size - 1)) + 1)
-    >> img->header.cluster_bits;
+  uint64_t refcount;
+  int r;
+
+  *is_free = false;
+  if (qcow2_regions_kind (img, i) != QCOW2_REGION_NONE ||
+      qcow2_alloc_is_released (img->alloc, i))
+    return 0;
+  r = qcow2_refcount_get (img, io, i, &refcount);
+  if (r == 0)
+    *is_free = refcount == 0;
+  return r;
 }
 
-/* Stop packing compressed data after the cursor. */
-static void
-pack_reset (struct qcow2_image *img)
-{
-  img->alloc.pack_cursor = 0;
-}
-
-/* First cluster index >= START that begins a run of COUNT free clusters
- * inside the file, or UINT64_MAX.
+/* The first cluster index >= START that begins a run of COUNT free
+ * clusters inside the file, or UINT64_MAX.
  */
 static int
 find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
            uint64_t count, uint64_t *found)
 {
-  struct allocator *a = &img->alloc;
+  const struct qcow2_allocator *a = img->alloc;
   uint64_t run_start = start, i = start;
+  bool is_free;
   int r;
 
   *found = UINT64_MAX;
   while (i < a->host_clusters) {
-    uint64_t refcount;
-
     if (i - run_start == count) {
       *found = run_start;
       return 0;
     }
-    r = qcow2_refcount_get (img, io, i, &refcount);
+    r = cluster_free (img, io, i, &is_free);
     if (r < 0)
       return r;
-    if (refcount != 0 || holds_metadata (img, i) || is_released (a, i))
+    if (!is_free)
       run_start = i + 1;
     i++;
   }
@@ -136,26 +125,29 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
   return 0;
 }
 
+/* No run of COUNT free clusters: -ENOSPC, said here only when no
+ * writeback will make room (meta/alloc.h).
+ */
 static int
 no_room (struct qcow2_image *img, uint64_t count)
 {
   uint64_t cluster_size = img->header.cluster_size;
 
+  if (qcow2_alloc_room_after_writeback (img))
+    return -ENOSPC;
   qcow2_error (img, "no room in the image file: %" PRIu64 " more "
                "cluster(s) of %" PRIu64 " bytes are needed (at least %"
                PRIu64 " bytes) and every cluster of the %" PRIu64
                "-byte container is in use; give the image room and "
                "reconnect (for a file: truncate -s +SIZE FILE)",
-               count, cluster_size, count * cluster_size, img->file_size);
+               count, cluster_size, count * cluster_size,
+               (uint64_t) img->file_size);
   return -ENOSPC;
 }
 
-/* On growable storage, clusters handed out past its end extend the size
- * the engine reads up to; the file itself grows when they are written.
- */
-static void
-cover_allocation (struct qcow2_image *img, uint64_t first_cluster,
-                  uint64_t count)
+void
+qcow2_alloc_cover (struct qcow2_image *img, uint64_t first_cluster,
+                   uint64_t count)
 {
   uint64_t end = (first_cluster + count) << img->header.cluster_bits;
 
@@ -169,25 +161,26 @@ cover_allocation (struct qcow2_image *img, uint64_t first_cluster,
  */
 static int
 grow_table (struct qcow2_image *img, struct qcow2_io *io,
-            uint64_t min_entries, unsigned mode)
+            uint64_t min_entries)
 {
-  struct refcounts *rc = &img->rc;
   const struct qcow2_header *h = &img->header;
+  const unsigned block_bits = qcow2_refcount_block_bits (img);
   uint64_t per_cluster = h->cluster_size / 8;
   /* Growable storage: room for the file to double first. */
   uint64_t clusters_to_cover = img->opts.growable
     ? ((img->file_size >> h->cluster_bits) + 1024) * 2
-    : img->alloc.host_clusters;
-  uint64_t needed = (clusters_to_cover >> rc->block_bits) + 2;
-  uint64_t entries, clusters, old_offset = rc->table_offset;
-  uint32_t old_clusters = rc->table_clusters;
-  uint64_t new_offset;
+    : img->alloc->host_clusters;
+  uint64_t needed = (clusters_to_cover >> block_bits) + 2;
+  uint64_t old_entries = qcow2_refcount_table_entries (img);
+  uint64_t entries, clusters, old_offset, new_offset;
+  uint32_t old_clusters;
   int r;
 
+  qcow2_refcount_table_location (img, &old_offset, &old_clusters);
   /* Cover every cluster the file can hold at once, so that allocating
    * the new table never needs a bigger one.
    */
-  entries = rc->table_entries * 2;
+  entries = old_entries * 2;
   if (entries < min_entries)
     entries = min_entries;
   if (entries < needed)
@@ -198,17 +191,27 @@ grow_table (struct qcow2_image *img, struct qcow2_io *io,
     qcow2_error (img, "the refcount table would exceed 8 MiB");
     return -EFBIG;
   }
+  /* The table in memory grows first, so that the blocks counting the new
+   * table's own clusters fit in it.  Until it has its new place it is
+   * larger than its clusters on disk, which the refcounts refuse to
+   * write back; a failure takes the growth back.
+   */
   r = qcow2_refcount_resize_table (img, entries);
   if (r < 0)
     return r;
-
-  /* The table in memory is already larger than its clusters on disk: no
-   * writeback may run until it has its new place.
-   */
-  r = qcow2_alloc_clusters (img, io, clusters, mode | QCOW2_ALLOC_NO_RECLAIM,
-                            &new_offset);
-  if (r < 0)
+  r = qcow2_alloc_clusters (img, io, clusters, &new_offset);
+  if (r < 0) {
+    qcow2_refcount_resize_table (img, old_entries);
     return r;
+  }
+  r = qcow2_regions_add (img, QCOW2_REGION_REFCOUNT_TABLE, new_offset,
+                         clusters << h->cluster_bits);
+  if (r < 0) {
+    qcow2_error (img, "out of memory for the list of metadata regions");
+    qcow2_free_later (img, new_offset, clusters << h->cluster_bits, 0);
+    qcow2_refcount_resize_table (img, old_entries);
+    return r;
+  }
   qcow2_refcount_place_table (img, new_offset, clusters);
   qcow2_debug (img, "refcount table grows to %" PRIu64 " clusters at 0x%"
                PRIx64, clusters, new_offset);
@@ -218,37 +221,37 @@ grow_table (struct qcow2_image *img, struct qcow2_io *io,
 
 /* Create the refcount block for table index RT_INDEX. */
 static int
-new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index,
-           unsigned mode)
+new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index)
 {
-  struct refcounts *rc = &img->rc;
-  const uint64_t host_clusters = img->alloc.host_clusters;
+  const unsigned block_bits = qcow2_refcount_block_bits (img);
+  const uint64_t host_clusters = img->alloc->host_clusters;
   uint64_t cluster;
-  bool counted;
+  bool counted, has;
   int r;
 
-  if (rt_index >= rc->table_entries) {
-    r = grow_table (img, io, rt_index + 1, mode);
-    if (r < 0)
-      return r;
-    if (rc->table[rt_index] != 0)
-      return 0;                 /* the growth made it */
+  if (rt_index >= qcow2_refcount_table_entries (img)) {
+    r = grow_table (img, io, rt_index + 1);
+    if (r == 0)
+      r = qcow2_refcount_has_block (img, io, rt_index, &has);
+    if (r < 0 || has)
+      return r;                 /* the growth made it */
   }
   /* A range without a block has no cluster in use, so the block can
    * describe itself: put it in the first cluster of its own range.  It
    * then never needs another block to count it.
    */
-  cluster = rt_index << rc->block_bits;
-  while (cluster < host_clusters && holds_metadata (img, cluster))
+  cluster = rt_index << block_bits;
+  while (cluster < host_clusters &&
+         qcow2_regions_kind (img, cluster) != QCOW2_REGION_NONE)
     cluster++;
   counted = false;
-  if (cluster >= host_clusters || cluster >> rc->block_bits != rt_index) {
+  if (cluster >= host_clusters || cluster >> block_bits != rt_index) {
     /* The range holds nothing but metadata (a large L1 table of a
      * new image): the block goes wherever the allocator finds room,
      * which also counts it.
      */
     uint64_t offset;
-    r = qcow2_alloc_clusters (img, io, 1, mode, &offset);
+    r = qcow2_alloc_clusters (img, io, 1, &offset);
     if (r < 0)
       return r;
     cluster = offset >> img->header.cluster_bits;
@@ -256,86 +259,83 @@ new_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index,
   }
 
   r = qcow2_refcount_add_block (img, rt_index, cluster);
+  if (r == 0 &&
+      qcow2_regions_add (img, QCOW2_REGION_REFCOUNT_BLOCK,
+                         cluster << img->header.cluster_bits, 1) < 0) {
+    qcow2_error (img, "out of memory for the list of metadata regions");
+    r = -ENOMEM;
+  }
   if (r < 0)
     return r;
-  cover_allocation (img, cluster, 1);
+  qcow2_alloc_cover (img, cluster, 1);
   return counted ? 0 : qcow2_refcount_add (img, io, cluster, 1, NULL);
 }
 
 /* Make sure a refcount block counts CLUSTER. */
 static int
-ensure_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t cluster,
-              unsigned mode)
+ensure_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t cluster)
 {
-  uint64_t rt_index = cluster >> img->rc.block_bits;
+  uint64_t rt_index = cluster >> qcow2_refcount_block_bits (img);
   bool has;
   int r = qcow2_refcount_has_block (img, io, rt_index, &has);
 
   if (r == 0 && !has)
-    r = new_block (img, io, rt_index, mode);
+    r = new_block (img, io, rt_index);
   return r;
 }
 
-/* Allocate host cluster INDEX if it is free; -EBUSY if it is not. */
-static int
-alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
-                  uint64_t index, unsigned mode)
+int
+qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
+                        uint64_t index)
 {
-  struct allocator *a = &img->alloc;
-  uint64_t refcount;
+  bool is_free = false;
   int r;
 
-  if (index >= a->host_clusters || holds_metadata (img, index) ||
-      is_released (a, index))
+  if (index >= img->alloc->host_clusters ||
+      qcow2_regions_kind (img, index) != QCOW2_REGION_NONE ||
+      qcow2_alloc_is_released (img->alloc, index))
     return -EBUSY;
-  r = ensure_block (img, io, index, mode);
+  r = ensure_block (img, io, index);
+  if (r == -ENOSPC)
+    return -EBUSY;
   if (r == 0)
-    r = qcow2_refcount_get (img, io, index, &refcount);
+    r = cluster_free (img, io, index, &is_free);
   if (r < 0)
     return r;
-  if (refcount != 0)
+  if (!is_free)
     return -EBUSY;
-  cover_allocation (img, index, 1);
+  qcow2_alloc_cover (img, index, 1);
   return qcow2_refcount_add (img, io, index, 1, NULL);
 }
 
 int
 qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
-                      uint64_t count, unsigned mode, uint64_t *offset)
+                      uint64_t count, uint64_t *offset)
 {
-  struct allocator *a = &img->alloc;
+  struct qcow2_allocator *a = img->alloc;
+  const unsigned block_bits = qcow2_refcount_block_bits (img);
   uint64_t first, i;
   int r;
 
+  qcow2_rwlock_assert_held (&img->lock, true);
   for (;;) {
     bool still_free = true;
 
     r = find_free (img, io, a->free_hint, count, &first);
     if (r < 0)
       return r;
-    if (first == UINT64_MAX) {
-      /* Released clusters wait for a metadata writeback before they may
-       * be reused: out of room, the caller does that writeback now
-       * rather than fail.  So do clusters held back after their release
-       * was applied: a writeback running meanwhile (it lets the image
-       * lock go between applying the releases and discarding what they
-       * freed) or one that failed makes them reusable.
-       */
-      if ((qcow2_pending_frees (img) == 0 && a->nreleased == 0) ||
-          (mode & QCOW2_ALLOC_NO_RECLAIM))
-        return no_room (img, count);
-      return QCOW2_RECLAIM;
-    }
+    if (first == UINT64_MAX)
+      return no_room (img, count);
 
     /* Make the refcount blocks first: making one takes a cluster, maybe
      * one of the run just found, and then the search starts again.
      */
-    for (i = first >> img->rc.block_bits;
-         i <= (first + count - 1) >> img->rc.block_bits; ++i) {
+    for (i = first >> block_bits; i <= (first + count - 1) >> block_bits;
+         ++i) {
       bool has;
       r = qcow2_refcount_has_block (img, io, i, &has);
       if (r == 0 && !has) {
-        r = new_block (img, io, i, mode);
+        r = new_block (img, io, i);
         still_free = false;
       }
       if (r < 0)
@@ -363,496 +363,7 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
    */
   if (count == 1)
     a->free_hint = first + 1;
-  cover_allocation (img, first, count);
+  qcow2_alloc_cover (img, first, count);
   *offset = first << img->header.cluster_bits;
-  return 0;
-}
-
-/* The packing moves on from CUR before the end of its host cluster:
- * remember the room left there, in place of the smallest gap kept if
- * the list is full.
- */
-static void
-gap_remember (struct qcow2_image *img, uint64_t cur)
-{
-  struct allocator *a = &img->alloc;
-  uint64_t end = (cur | (img->header.cluster_size - 1)) + 1;
-  unsigned i, smallest = 0;
-
-  if ((cur & (img->header.cluster_size - 1)) == 0 ||
-      end - cur < MIN_GAP_BYTES)
-    return;
-  if (a->ngaps < QCOW2_PACK_GAPS) {
-    a->gaps[a->ngaps++] = (struct pack_gap) { cur, end - cur };
-    return;
-  }
-  for (i = 1; i < a->ngaps; ++i)
-    if (a->gaps[i].length < a->gaps[smallest].length)
-      smallest = i;
-  if (a->gaps[smallest].length < end - cur)
-    a->gaps[smallest] = (struct pack_gap) { cur, end - cur };
-}
-
-/* Forget the gaps in host cluster CLUSTER: it was released. */
-static void
-gaps_forget_cluster (struct allocator *a, unsigned bits, uint64_t cluster)
-{
-  unsigned i = 0;
-
-  while (i < a->ngaps)
-    if (a->gaps[i].offset >> bits == cluster)
-      a->gaps[i] = a->gaps[--a->ngaps];
-    else
-      i++;
-}
-
-/* Put LEN bytes into the smallest gap they fit, counting one more
- * reference to its host cluster: *HOST is where, or 0 if no gap fits.
- */
-static int
-gap_take (struct qcow2_image *img, struct qcow2_io *io, uint64_t len,
-          uint64_t *host)
-{
-  struct allocator *a = &img->alloc;
-  const unsigned bits = img->header.cluster_bits;
-  uint64_t refcount;
-  unsigned i, best;
-  int r;
-
-  *host = 0;
-  for (;;) {
-    best = a->ngaps;
-    for (i = 0; i < a->ngaps; ++i)
-      if (a->gaps[i].length >= len &&
-          (best == a->ngaps || a->gaps[i].length < a->gaps[best].length))
-        best = i;
-    if (best == a->ngaps)
-      return 0;
-    r = qcow2_refcount_get (img, io, a->gaps[best].offset >> bits,
-                            &refcount);
-    if (r < 0)
-      return r;
-    if (refcount > 0 && refcount < img->rc.max_refcount)
-      break;
-    /* Out of references (narrow refcounts): no use any more. */
-    a->gaps[best] = a->gaps[--a->ngaps];
-  }
-  r = qcow2_refcount_add (img, io, a->gaps[best].offset >> bits, 1, NULL);
-  if (r < 0)
-    return r;
-  *host = a->gaps[best].offset;
-  a->gaps[best].offset += len;
-  a->gaps[best].length -= len;
-  if (a->gaps[best].length < MIN_GAP_BYTES)
-    a->gaps[best] = a->gaps[--a->ngaps];
-  return 0;
-}
-
-int
-qcow2_pack_reserve (struct qcow2_image *img, struct qcow2_io *io,
-                    uint64_t len, uint64_t *host)
-{
-  const uint32_t bits = img->header.cluster_bits;
-  const uint64_t cluster_size = img->header.cluster_size;
-  uint64_t cur = img->alloc.pack_cursor;
-  uint64_t fresh[2], c, first, last, offset;
-  unsigned nfresh = 0, i;
-  int r;
-
-  /* Room left behind earlier first: what fits there costs no new room. */
-  r = gap_take (img, io, len, &offset);
-  if (r < 0)
-    return r;
-  if (offset) {
-    *host = offset;
-    return 0;
-  }
-
-  if (cur) {
-    /* With narrow refcounts (refcount_bits 1 to 4) a host cluster can
-     * run out of references before it runs out of bytes; start a new
-     * one then, as qemu does.  Only the cluster packed so far can be
-     * full: any other that the range runs into is allocated here.
-     */
-    uint64_t refcount;
-    r = qcow2_refcount_get (img, io, (cur & ~UINT64_C (511)) >> bits,
-                            &refcount);
-    if (r < 0)
-      return r;
-    if (refcount >= img->rc.max_refcount) {
-      pack_reset (img);
-      cur = 0;
-    }
-  }
-  if (cur) {
-    uint64_t next = pack_next_cluster (img);
-    if (cur + len > next << bits) {
-      /* No writeback here: it could release the cluster CUR is in. */
-      r = alloc_cluster_at (img, io, next, QCOW2_ALLOC_NO_RECLAIM);
-      if (r == -EBUSY) {
-        gap_remember (img, cur);
-        cur = 0;
-      }
-      else if (r < 0)
-        return r;
-      else
-        fresh[nfresh++] = next;
-    }
-  }
-  if (cur == 0) {
-    r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &offset);
-    if (r < 0)
-      return r;
-    cur = offset;
-    fresh[nfresh++] = offset >> bits;
-  }
-  if (cur > img->coffset_mask) {
-    qcow2_error (img, "host offset 0x%" PRIx64 " is too large for a "
-                 "compressed cluster descriptor", cur);
-    r = -EFBIG;
-    goto fail;
-  }
-
-  first = (cur & ~UINT64_C (511)) >> bits;
-  last = ((cur + len - 1) | 511) >> bits;
-  for (c = first; c <= last; ++c) {
-    bool is_fresh = false;
-    for (i = 0; i < nfresh; ++i)
-      is_fresh |= fresh[i] == c;
-    if (!is_fresh && (r = qcow2_refcount_add (img, io, c, 1, NULL)) < 0)
-      goto fail;
-  }
-  *host = cur;
-  img->alloc.pack_cursor = cur + len;
-  return 0;
-
- fail:
-  for (i = 0; i < nfresh; ++i)
-    qcow2_free_later (img, fresh[i] << bits, cluster_size, 0);
-  pack_reset (img);
-  return r;
-}
-
-int
-qcow2_free_later (struct qcow2_image *img, uint64_t offset, uint64_t length,
-                  uint64_t cache_key)
-{
-  struct allocator *a = &img->alloc;
-
-  if (a->npending == a->pending_cap) {
-    size_t cap = a->pending_cap ? a->pending_cap * 2 : 64;
-    struct pending_free *p = realloc (a->pending, cap * sizeof *p);
-    if (p == NULL) {
-      qcow2_error (img, "out of memory for the list of clusters to free");
-      return -ENOMEM;
-    }
-    a->pending = p;
-    a->pending_cap = cap;
-  }
-  a->pending[a->npending++] = (struct pending_free) {
-    .offset = offset, .length = length, .cache_key = cache_key,
-    .mark = qcow2_inflight_mark (&img->inflight),
-  };
-  return 0;
-}
-
-size_t
-qcow2_pending_frees (const struct qcow2_image *img)
-{
-  return img->alloc.npending + img->alloc.in_writeback;
-}
-
-void
-qcow2_take_frees (struct qcow2_image *img, struct pending_list *list)
-{
-  struct allocator *a = &img->alloc;
-
-  list->frees = a->pending;
-  list->count = a->npending;
-  a->in_writeback += a->npending;
-  a->pending = NULL;
-  a->npending = a->pending_cap = 0;
-}
-
-uint64_t
-qcow2_frees_mark (const struct pending_list *list)
-{
-  /* Marks only grow along the queue. */
-  return list->count ? list->frees[list->count - 1].mark : 0;
-}
-
-void
-qcow2_return_frees (struct qcow2_image *img, struct pending_list *list)
-{
-  struct allocator *a = &img->alloc;
-  size_t n = list->count;
-
-  a->in_writeback -= n;
-  if (n && a->npending + n > a->pending_cap) {
-    size_t cap = a->npending + n;
-    struct pending_free *p = realloc (a->pending, cap * sizeof *p);
-    if (p == NULL) {
-      /* Memory is gone: the clusters leak (refcounts stay too high),
-       * which qemu-img check reports and repairs; nothing is lost.
-       */
-      qcow2_error (img, "out of memory keeping %zu clusters to free: they "
-                   "stay allocated", n);
-      n = 0;
-    }
-    else {
-      a->pending = p;
-      a->pending_cap = cap;
-    }
-  }
-  if (n) {
-    memmove (a->pending + n, a->pending, a->npending * sizeof *a->pending);
-    memcpy (a->pending, list->frees, n * sizeof *a->pending);
-    a->npending += n;
-  }
-  free (list->frees);
-  list->frees = NULL;
-  list->count = 0;
-}
-
-/* Hold CLUSTER, whose refcount just dropped to 0, back from allocation
- * until qcow2_alloc_reuse_released.  Without memory for that, it is
- * free at once and never discarded, which is safe.
- */
-static void
-hold_released (struct qcow2_image *img, uint64_t cluster)
-{
-  struct allocator *a = &img->alloc;
-  struct cluster_run *last = a->nreleased ? &a->released[a->nreleased - 1]
-    : NULL;
-
-  gaps_forget_cluster (a, img->header.cluster_bits, cluster);
-  if (last && last->first + last->count == cluster) {
-    last->count++;
-    return;
-  }
-  if (a->nreleased == a->released_cap) {
-    size_t cap = a->released_cap ? a->released_cap * 2 : 64;
-    struct cluster_run *p = realloc (a->released, cap * sizeof *p);
-    if (p == NULL) {
-      if (cluster < a->free_hint)
-        a->free_hint = cluster;
-      return;
-    }
-    a->released = p;
-    a->released_cap = cap;
-  }
-  a->released[a->nreleased++] = (struct cluster_run) { cluster, 1 };
-}
-
-static int
-run_cmp (const void *x, const void *y)
-{
-  const struct cluster_run *a = x, *b = y;
-
-  return a->first < b->first ? -1 : a->first > b->first;
-}
-
-/* Sort the held runs and join those that touch, for is_released. */
-static void
-sort_released (struct allocator *a)
-{
-  size_t i, n = 0;
-
-  if (a->nreleased < 2)
-    return;
-  qsort (a->released, a->nreleased, sizeof *a->released, run_cmp);
-  for (i = 1; i < a->nreleased; ++i) {
-    struct cluster_run *prev = &a->released[n];
-    if (a->released[i].first <= prev->first + prev->count) {
-      uint64_t end = a->released[i].first + a->released[i].count;
-      if (end > prev->first + prev->count)
-        prev->count = end - prev->first;
-    }
-    else
-      a->released[++n] = a->released[i];
-  }
-  a->nreleased = n + 1;
-}
-
-int
-qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io,
-                   struct pending_list *list)
-{
-  struct allocator *a = &img->alloc;
-  const unsigned bits = img->header.cluster_bits;
-  size_t i;
-  int r = 0;
-
-  if (list->count)
-    atomic_fetch_add (&img->free_generation, 1);
-  for (i = 0; i < list->count && r == 0; ++i) {
-    struct pending_free *p = &list->frees[i];
-    uint64_t c, now, last;
-
-    if (p->cache_key)
-      qcow2_cache_drop (img->cluster_cache, p->cache_key);
-    last = (p->offset + p->length - 1) >> bits;
-
-    for (c = p->offset >> bits; c <= last; ++c) {
-      r = qcow2_refcount_add (img, io, c, -1, &now);
-      if (r < 0) {
-        /* Keep what is left for a later try: from this cluster on (its
-         * cached copy, if any, is gone already).
-         */
-        p->length = p->offset + p->length - (c << bits);
-        p->offset = c << bits;
-        p->cache_key = 0;
-        break;
-      }
-      if (now == 0)
-        hold_released (img, c);
-    }
-  }
-  sort_released (a);
-  if (r < 0) {
-    i--;
-    memmove (list->frees, list->frees + i,
-             (list->count - i) * sizeof *list->frees);
-    a->in_writeback -= i;
-    list->count -= i;
-    qcow2_return_frees (img, list);
-    return r;
-  }
-  a->in_writeback -= list->count;
-  free (list->frees);
-  list->frees = NULL;
-  list->count = 0;
-
-  /* If the host cluster that compressed data was being packed into was
-   * released entirely, it may be handed out again: pack elsewhere.
-   */
-  if (a->pack_cursor) {
-    uint64_t refcount;
-    r = qcow2_refcount_get (img, io, (a->pack_cursor - 1) >> bits,
-                            &refcount);
-    if (r < 0)
-      return r;
-    if (refcount == 0)
-      pack_reset (img);
-  }
-  return 0;
-}
-
-size_t
-qcow2_alloc_released (const struct qcow2_image *img)
-{
-  return img->alloc.nreleased;
-}
-
-/* Tell the storage that run R holds nothing; add its bytes to
- * *DISCARDED.  Only advice: a failure is a debug message, and
- * -EOPNOTSUPP stops the discards for good.
- */
-static void
-discard_run (struct qcow2_image *img, struct qcow2_io *io,
-             const struct cluster_run *run, uint64_t storage_end,
-             uint64_t *discarded)
-{
-  const unsigned bits = img->header.cluster_bits;
-  uint64_t offset = run->first << bits;
-  uint64_t len = run->count << bits;
-  int r;
-
-  if (offset >= storage_end || img->alloc.discard_failed)
-    return;
-  if (len > storage_end - offset)
-    len = storage_end - offset;
-  r = io->discard (io->opaque, len, offset);
-  if (r == 0) {
-    *discarded += len;
-    return;
-  }
-  if (r == -EOPNOTSUPP)
-    img->alloc.discard_failed = true;
-  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "discard of %" PRIu64 " bytes at "
-                  "host offset 0x%" PRIx64 " failed: %s%s", len, offset,
-                  strerror (-r),
-                  r == -EOPNOTSUPP ? "; no more discards are sent" : "");
-}
-
-/* Storage that grows: cut it after the last cluster in use, when the
- * released runs reach its end.  *STORAGE_END becomes its new size.
- */
-static int
-cut_free_tail (struct qcow2_image *img, struct qcow2_io *io,
-               uint64_t *storage_end)
-{
-  struct allocator *a = &img->alloc;
-  const unsigned bits = img->header.cluster_bits;
-  const struct cluster_run *last = &a->released[a->nreleased - 1];
-  uint64_t end = (img->file_size + img->header.cluster_size - 1) >> bits;
-  uint64_t c = end, refcount;
-  int r;
-
-  if (last->first + last->count < end)
-    return 0;
-  while (c > 1) {
-    r = qcow2_refcount_get (img, io, c - 1, &refcount);
-    if (r < 0)
-      return r;
-    if (refcount != 0 || holds_metadata (img, c - 1))
-      break;
-    c--;
-  }
-  if ((c << bits) >= *storage_end)
-    return 0;
-  r = io->truncate (io->opaque, c << bits);
-  if (r < 0) {
-    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "cutting the file to %" PRIu64
-                    " bytes failed: %s", c << bits, strerror (-r));
-    return 0;
-  }
-  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "the file is cut to %" PRIu64
-                  " bytes: its last %" PRIu64 " clusters were free",
-                  c << bits, end - c);
-  *storage_end = c << bits;
-  if (img->file_size > *storage_end)
-    img->file_size = *storage_end;
-  return 0;
-}
-
-int
-qcow2_alloc_reuse_released (struct qcow2_image *img, struct qcow2_io *io)
-{
-  struct allocator *a = &img->alloc;
-  uint64_t storage_end = img->file_size, discarded = 0;
-  size_t i;
-  int r;
-
-  if (a->nreleased == 0)
-    return 0;
-  if (img->opts.discard == QCOW2_DISCARD_UNMAP) {
-    if (img->opts.growable) {
-      int64_t size = io->size (io->opaque);
-      if (size < 0) {
-        qcow2_error (img, "cannot get the size of the image: %s",
-                     strerror ((int) -size));
-        return (int) size;
-      }
-      if ((uint64_t) size < storage_end)
-        storage_end = size;
-      if (io->truncate) {
-        r = cut_free_tail (img, io, &storage_end);
-        if (r < 0)
-          return r;
-      }
-    }
-    if (io->discard)
-      for (i = 0; i < a->nreleased; ++i)
-        discard_run (img, io, &a->released[i], storage_end, &discarded);
-    if (discarded)
-      qcow2_debug_if (img, QCOW2_DEBUG_MAP, "discarded %" PRIu64 " bytes "
-                      "of released clusters in %zu ranges", discarded,
-                      a->nreleased);
-  }
-  for (i = 0; i < a->nreleased; ++i)
-    if (a->released[i].first < a->free_hint)
-      a->free_hint = a->released[i].first;
-  a->nreleased = 0;
   return 0;
 }

@@ -57,7 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "meta/types.h"
+#include "meta/image.h"
 
 /* Read the bitmaps of an image being opened for writing (FIRST: its
  * first cluster, FIRST_LEN bytes): the extension, the directory and the

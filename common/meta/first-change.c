@@ -4,10 +4,10 @@
 #include <config.h>
 
 #include "meta/first-change.h"
-#include "meta/bitmap.h"
-#include "format/endian.h"
 #include "format/header.h"
+#include "meta/bitmap.h"
 #include "meta/hostio.h"
+#include "meta/log.h"
 
 /* The autoclear bits the header keeps: those of what is kept valid. */
 static uint64_t
@@ -28,9 +28,11 @@ int
 qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
 {
   uint64_t keep = kept_autoclear (img);
-  uint8_t field[8];
+  struct qcow2_header changed;
+  struct qcow2_field_bytes field;
   int r = 0;
 
+  qcow2_rwlock_assert_held (&img->lock, true);
   if (!img->first_change_pending)
     return 0;
   /* The flag goes first, so that the writes below are let through. */
@@ -39,9 +41,11 @@ qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
   if (r == 0 && keep != img->header.autoclear_features) {
     qcow2_debug (img, "first change: autoclear_features 0x%" PRIx64
                  " becomes 0x%" PRIx64, img->header.autoclear_features, keep);
-    put_be64 (field, keep);
-    r = qcow2_pwrite_logged (img, io, field, sizeof field,
-                             QCOW2_HEADER_AUTOCLEAR_FEATURES);
+    changed = img->header;
+    changed.autoclear_features = keep;
+    qcow2_header_field (&changed, QCOW2_FIELD_AUTOCLEAR_FEATURES, &field);
+    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
+                           field.len, field.offset);
   }
   if (r == 0)
     r = qcow2_flush_logged (img, io);

@@ -39,7 +39,7 @@
 #ifndef QCOW2_FIRST_CHANGE_H
 #define QCOW2_FIRST_CHANGE_H
 
-#include "meta/types.h"
+#include "meta/image.h"
 
 /* Set img->first_change_pending if the first change has anything to do
  * (autoclear bits to clear, bitmaps to mark in use).

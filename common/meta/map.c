@@ -9,41 +9,215 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "meta/log.h"
 #include "meta/map.h"
 #include "base/cache.h"
+#include "base/check.h"
 #include "format/endian.h"
 #include "format/entries.h"
+#include "meta/dirty.h"
 #include "meta/hostio.h"
-#include "base/tablemap.h"
+
+/* The map: the L1 table in memory and the cache of L2 tables. */
+struct qcow2_map {
+  uint64_t *l1;                       /* host order, l1_size entries */
+  /* Images opened for writing: per L1 entry, changed since a writeback
+   * copied it, and whether any is.
+   */
+  uint8_t *l1_changed;
+  bool l1_any_changed;
+  struct qcow2_cache *l2_cache;       /* raw big-endian L2 tables */
+};
 
 int
-qcow2_l1_load (struct qcow2_image *img, struct qcow2_io *io)
+qcow2_map_open (struct qcow2_image *img, struct qcow2_io *io,
+                uint64_t l2_cache_bytes)
 {
   const struct qcow2_header *h = &img->header;
+  struct qcow2_map *map = calloc (1, sizeof *map);
   uint32_t i;
   int r;
 
-  img->l1 = calloc (h->l1_size ? h->l1_size : 1, sizeof *img->l1);
-  if (img->l1 == NULL) {
-    qcow2_error (img, "out of memory for the L1 table (%u entries)",
-                 h->l1_size);
-    return -ENOMEM;
-  }
+  if (map == NULL)
+    goto nomem;
+  img->map = map;
+  map->l2_cache = qcow2_cache_new (h->cluster_size, l2_cache_bytes);
+  map->l1 = calloc (h->l1_size ? h->l1_size : 1, sizeof *map->l1);
+  if (map->l2_cache == NULL || map->l1 == NULL)
+    goto nomem;
+  if (img->opts.writable &&
+      (map->l1_changed = calloc (h->l1_size ? h->l1_size : 1, 1)) == NULL)
+    goto nomem;
   if (h->l1_size == 0)
     return 0;
-  r = qcow2_pread_clamped (img, io, img->l1, (uint64_t) h->l1_size * 8,
+  r = qcow2_pread_clamped (img, io, map->l1, (uint64_t) h->l1_size * 8,
                            h->l1_table_offset);
   if (r < 0)
     return r;
   for (i = 0; i < h->l1_size; ++i)
-    img->l1[i] = be64 (&img->l1[i]);
+    map->l1[i] = be64 (&map->l1[i]);
   return 0;
+
+ nomem:
+  qcow2_error (img, "out of memory for the L1 table (%u entries) and the "
+               "L2 cache", h->l1_size);
+  return -ENOMEM;
+}
+
+void
+qcow2_map_close (struct qcow2_image *img)
+{
+  struct qcow2_map *map = img->map;
+
+  if (map == NULL)
+    return;
+  qcow2_cache_free (map->l2_cache);
+  free (map->l1);
+  free (map->l1_changed);
+  free (map);
+  img->map = NULL;
+}
+
+uint64_t
+qcow2_l1_entry (const struct qcow2_image *img, uint64_t l1_index)
+{
+  QCOW2_ASSERT (l1_index < img->header.l1_size);
+  return img->map->l1[l1_index];
+}
+
+void
+qcow2_l1_set_entry (struct qcow2_image *img, uint64_t l1_index,
+                    uint64_t entry)
+{
+  QCOW2_ASSERT (l1_index < img->header.l1_size);
+  img->map->l1[l1_index] = entry;
+}
+
+void
+qcow2_l1_mark_changed (struct qcow2_image *img, uint64_t l1_index)
+{
+  QCOW2_ASSERT (l1_index < img->header.l1_size && img->map->l1_changed);
+  img->map->l1_changed[l1_index] = 1;
+  img->map->l1_any_changed = true;
+}
+
+bool
+qcow2_l1_changed (const struct qcow2_image *img, uint64_t l1_index)
+{
+  return img->map->l1_changed && img->map->l1_changed[l1_index];
+}
+
+int
+qcow2_l1_copy (struct qcow2_image *img, struct l1_copy *copy)
+{
+  struct qcow2_map *map = img->map;
+  size_t n = 0;
+  uint32_t i;
+
+  memset (copy, 0, sizeof *copy);
+  if (!map->l1_any_changed)
+    return 0;
+  for (i = 0; i < img->header.l1_size; ++i)
+    n += map->l1_changed[i];
+  if (n) {
+    copy->index = malloc (n * sizeof *copy->index);
+    copy->data = malloc (n * 8);
+    if (copy->index == NULL || copy->data == NULL) {
+      free (copy->index);
+      free (copy->data);
+      memset (copy, 0, sizeof *copy);
+      qcow2_error (img, "out of memory writing the L1 table back");
+      return -ENOMEM;
+    }
+  }
+  for (i = 0; copy->count < n; ++i)
+    if (map->l1_changed[i]) {
+      copy->index[copy->count] = i;
+      put_be64 (copy->data + 8 * copy->count, map->l1[i]);
+      copy->count++;
+      map->l1_changed[i] = 0;
+    }
+  map->l1_any_changed = false;
+  return 0;
+}
+
+int
+qcow2_l1_copy_write (struct qcow2_image *img, struct qcow2_io *io,
+                     const struct l1_copy *copy)
+{
+  size_t i = 0, j;
+  int r;
+
+  while (i < copy->count) {
+    /* A run of consecutive entries, in one write. */
+    j = i + 1;
+    while (j < copy->count && copy->index[j] == copy->index[j - 1] + 1)
+      j++;
+    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_L1, copy->data + 8 * i,
+                           8 * (j - i), img->header.l1_table_offset +
+                           8 * (uint64_t) copy->index[i]);
+    if (r < 0)
+      return r;
+    i = j;
+  }
+  return 0;
+}
+
+void
+qcow2_l1_copy_done (struct qcow2_image *img, struct l1_copy *copy,
+                    bool written)
+{
+  size_t i;
+
+  if (!written && copy->count) {
+    for (i = 0; i < copy->count; ++i)
+      img->map->l1_changed[copy->index[i]] = 1;
+    img->map->l1_any_changed = true;
+  }
+  free (copy->index);
+  free (copy->data);
+  memset (copy, 0, sizeof *copy);
 }
 
 bool
 qcow2_l1_unallocated (const struct qcow2_image *img, uint64_t l1_index)
 {
-  return l1_index >= img->header.l1_size || img->l1[l1_index] == 0;
+  return l1_index >= img->header.l1_size || img->map->l1[l1_index] == 0;
+}
+
+int
+qcow2_l2_table_read (struct qcow2_image *img, struct qcow2_io *io,
+                     uint64_t offset, uint8_t *buf)
+{
+  const uint32_t cluster_size = img->header.cluster_size;
+  int r;
+
+  if (qcow2_cache_get (img->map->l2_cache, offset, 0, buf, cluster_size))
+    return 0;
+  r = qcow2_pread_clamped (img, io, buf, cluster_size, offset);
+  if (r == 0)
+    qcow2_cache_put (img->map->l2_cache, offset, buf);
+  return r;
+}
+
+void
+qcow2_l2_table_written (struct qcow2_image *img, uint64_t offset,
+                        const uint8_t *data)
+{
+  qcow2_cache_put (img->map->l2_cache, offset, data);
+}
+
+void
+qcow2_l2_table_forget (struct qcow2_image *img, uint64_t offset)
+{
+  qcow2_cache_drop (img->map->l2_cache, offset);
+}
+
+void
+qcow2_l2_cache_stats (struct qcow2_image *img,
+                      struct qcow2_cache_stats *stats)
+{
+  qcow2_cache_get_stats (img->map->l2_cache, stats);
 }
 
 int
@@ -58,14 +232,14 @@ qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
   map->compressed_len = 0;
 
   if (entry & L2E_COMPRESSED) {
-    uint64_t sectors = ((entry >> img->csize_shift) & img->csize_mask) + 1;
+    uint64_t sectors = qcow2_compressed_sectors (entry, h->cluster_bits);
 
-    offset = entry & img->coffset_mask;
+    offset = qcow2_compressed_offset (entry, h->cluster_bits);
     /* qemu never compresses into an encrypted image ("Compression and
      * encryption not supported at the same time"), and such data could
      * only be read undecrypted.
      */
-    if (img->crypt.enabled) {
+    if (qcow2_image_encrypted (img)) {
       qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": a "
                    "compressed cluster in an encrypted image (entry 0x%016"
                    PRIx64 ")", guest, entry);
@@ -176,6 +350,7 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t l1_index = first >> h->l2_bits;
   uint64_t l2_index = first & (l2_entries - 1);
   uint64_t l1e, l2_offset;
+  const struct meta_table *changed;
   uint8_t raw[QCOW2_L2_BATCH * 16];
   size_t i, count = *n;
   int r;
@@ -195,7 +370,7 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
     memset (entries, 0, count * sizeof *entries);
     return 0;
   }
-  l1e = img->l1[l1_index];
+  l1e = img->map->l1[l1_index];
   l2_offset = l1e & L1E_OFFSET_MASK;
   if (l1e & L1E_RESERVED_MASK) {
     qcow2_error (img, "L1 entry %" PRIu64 ": reserved bits are set "
@@ -219,19 +394,17 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
     return -EIO;
   }
 
-  if (img->dirty_l2.count) {
-    struct meta_table *t = tablemap_find (&img->dirty_l2, l2_offset);
-    if (t) {
-      memcpy (raw, t->data + l2_index * esize, count * esize);
-      goto convert;
-    }
+  changed = qcow2_dirty_table (img, l2_offset);
+  if (changed) {
+    memcpy (raw, changed->data + l2_index * esize, count * esize);
+    goto convert;
   }
-  if (!qcow2_cache_get (img->l2_cache, l2_offset, l2_index * esize,
+  if (!qcow2_cache_get (img->map->l2_cache, l2_offset, l2_index * esize,
                         raw, count * esize)) {
     r = qcow2_pread_clamped (img, io, l2buf, h->cluster_size, l2_offset);
     if (r < 0)
       return r;
-    qcow2_cache_put (img->l2_cache, l2_offset, l2buf);
+    qcow2_cache_put (img->map->l2_cache, l2_offset, l2buf);
     memcpy (raw, l2buf + l2_index * esize, count * esize);
   }
  convert:

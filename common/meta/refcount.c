@@ -15,10 +15,27 @@
 #include <string.h>
 
 #include "meta/refcount.h"
+#include "format/header.h"
+#include "base/tablemap.h"
+#include "base/cleanup.h"
 #include "format/endian.h"
 #include "format/entries.h"
 #include "meta/hostio.h"
-#include "base/tablemap.h"
+#include "meta/log.h"
+
+/* The refcounts in memory, loaded when the image is opened for writing. */
+struct qcow2_refcounts {
+  uint64_t *table;            /* host order */
+  uint64_t table_entries;
+  uint64_t table_offset;      /* where the table is, or goes, on disk */
+  uint32_t table_clusters;
+  bool table_dirty;           /* entries changed since written */
+  bool table_moved;           /* grown: write it whole, then the header */
+  struct tablemap blocks;     /* every refcount block loaded so far */
+  unsigned width_order;       /* refcount_order */
+  unsigned block_bits;        /* log2 of refcounts per block */
+  uint64_t max_refcount;
+};
 
 static uint64_t
 entry_get (const uint8_t *block, uint64_t index, unsigned order)
@@ -54,32 +71,44 @@ entry_set (uint8_t *block, uint64_t index, unsigned order, uint64_t value)
   }
 }
 
-/* The refcount width and block size the header says. */
-static void
+/* A new, empty struct with the refcount width and block size the header
+ * says, in place of what img->refcounts held.
+ */
+static int
 set_geometry (struct qcow2_image *img)
 {
   const struct qcow2_header *h = &img->header;
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc;
+
+  qcow2_refcount_free (img);
+  rc = img->refcounts = calloc (1, sizeof *rc);
+  if (rc == NULL) {
+    qcow2_error (img, "out of memory for the refcounts");
+    return -ENOMEM;
+  }
 
   rc->width_order = h->refcount_order;
   rc->block_bits = h->cluster_bits + 3 - h->refcount_order;
   rc->max_refcount = h->refcount_order == 6
     ? UINT64_MAX : (UINT64_C (1) << (1u << h->refcount_order)) - 1;
+  return 0;
 }
 
-void
+int
 qcow2_refcount_geometry (struct qcow2_image *img)
 {
-  set_geometry (img);
+  return set_geometry (img);
 }
 
 int
 qcow2_refcount_start_empty (struct qcow2_image *img, uint64_t entries)
 {
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc;
+  int r = set_geometry (img);
 
-  qcow2_refcount_free (img);
-  set_geometry (img);
+  if (r < 0)
+    return r;
+  rc = img->refcounts;
   rc->table = calloc (entries ? entries : 1, sizeof *rc->table);
   if (rc->table == NULL) {
     qcow2_error (img, "out of memory for the refcount table");
@@ -95,12 +124,15 @@ int
 qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io)
 {
   const struct qcow2_header *h = &img->header;
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc;
   uint64_t bytes = (uint64_t) h->refcount_table_clusters << h->cluster_bits;
   uint64_t i;
   int r;
 
-  set_geometry (img);
+  r = set_geometry (img);
+  if (r < 0)
+    return r;
+  rc = img->refcounts;
   rc->table_offset = h->refcount_table_offset;
   rc->table_clusters = h->refcount_table_clusters;
   rc->table_entries = bytes / 8;
@@ -140,19 +172,59 @@ qcow2_refcount_load (struct qcow2_image *img, struct qcow2_io *io)
   return 0;
 }
 
-static int
-free_table (void *opaque, struct meta_table *t)
-{
-  return 0;
-}
-
 void
 qcow2_refcount_free (struct qcow2_image *img)
 {
-  tablemap_each (&img->rc.blocks, free_table, NULL);
-  tablemap_clear (&img->rc.blocks);
-  free (img->rc.table);
-  memset (&img->rc, 0, sizeof img->rc);
+  struct qcow2_refcounts *rc = img->refcounts;
+
+  if (rc == NULL)
+    return;
+  tablemap_clear (&rc->blocks);
+  free (rc->table);
+  free (rc);
+  img->refcounts = NULL;
+}
+
+uint64_t
+qcow2_refcount_max (const struct qcow2_image *img)
+{
+  return img->refcounts->max_refcount;
+}
+
+unsigned
+qcow2_refcount_block_bits (const struct qcow2_image *img)
+{
+  return img->refcounts->block_bits;
+}
+
+uint64_t
+qcow2_refcount_table_entries (const struct qcow2_image *img)
+{
+  return img->refcounts->table_entries;
+}
+
+void
+qcow2_refcount_table_location (const struct qcow2_image *img,
+                               uint64_t *offset, uint32_t *clusters)
+{
+  *offset = img->refcounts->table_offset;
+  *clusters = img->refcounts->table_clusters;
+}
+
+int
+qcow2_refcount_each_block (const struct qcow2_image *img,
+                           int (*fn) (void *opaque, uint64_t offset),
+                           void *opaque)
+{
+  const struct qcow2_refcounts *rc = img->refcounts;
+  uint64_t i;
+  int r;
+
+  for (i = 0; i < rc->table_entries; ++i)
+    if ((rc->table[i] & RTE_OFFSET_MASK) &&
+        (r = fn (opaque, rc->table[i] & RTE_OFFSET_MASK)) != 0)
+      return r;
+  return 0;
 }
 
 /* The block for table index RT_INDEX, loaded if needed; *BLOCK is NULL if
@@ -162,7 +234,7 @@ static int
 get_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index,
            struct meta_table **block)
 {
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc = img->refcounts;
   uint64_t off;
   struct meta_table *t;
   int r;
@@ -200,15 +272,15 @@ int
 qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
                     uint64_t cluster, uint64_t *refcount)
 {
+  const struct qcow2_refcounts *rc = img->refcounts;
   struct meta_table *block;
-  int r = get_block (img, io, cluster >> img->rc.block_bits, &block);
+  int r = get_block (img, io, cluster >> rc->block_bits, &block);
 
   if (r < 0)
     return r;
   *refcount = block
-    ? entry_get (block->data,
-                 cluster & ((UINT64_C (1) << img->rc.block_bits) - 1),
-                 img->rc.width_order)
+    ? entry_get (block->data, cluster & ((UINT64_C (1) << rc->block_bits) - 1),
+                 rc->width_order)
     : 0;
   return 0;
 }
@@ -217,7 +289,7 @@ int
 qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
                     uint64_t cluster, int delta, uint64_t *now)
 {
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc = img->refcounts;
   uint64_t rt_index = cluster >> rc->block_bits;
   uint64_t index = cluster & ((UINT64_C (1) << rc->block_bits) - 1);
   struct meta_table *block;
@@ -262,7 +334,7 @@ int
 qcow2_refcount_set (struct qcow2_image *img, struct qcow2_io *io,
                     uint64_t cluster, uint64_t value)
 {
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc = img->refcounts;
   struct meta_table *block;
   int r = get_block (img, io, cluster >> rc->block_bits, &block);
 
@@ -291,17 +363,11 @@ qcow2_refcount_has_block (struct qcow2_image *img, struct qcow2_io *io,
   return r;
 }
 
-bool
-qcow2_refcount_is_block (const struct qcow2_image *img, uint64_t offset)
-{
-  return tablemap_find (&img->rc.blocks, offset) != NULL;
-}
-
 int
 qcow2_refcount_add_block (struct qcow2_image *img, uint64_t rt_index,
                           uint64_t cluster)
 {
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc = img->refcounts;
   struct meta_table *t = calloc (1, sizeof *t + img->header.cluster_size);
 
   if (t == NULL) {
@@ -323,9 +389,18 @@ qcow2_refcount_add_block (struct qcow2_image *img, uint64_t rt_index,
 int
 qcow2_refcount_resize_table (struct qcow2_image *img, uint64_t entries)
 {
-  struct refcounts *rc = &img->rc;
-  uint64_t *table = realloc (rc->table, entries * 8);
+  struct qcow2_refcounts *rc = img->refcounts;
+  uint64_t *table, i;
 
+  if (entries < rc->table_entries) {
+    /* Taking a growth back: only entries that name no block go. */
+    for (i = entries; i < rc->table_entries; ++i)
+      if (rc->table[i])
+        return -EBUSY;
+    rc->table_entries = entries;
+    return 0;
+  }
+  table = realloc (rc->table, entries * 8);
   if (table == NULL) {
     qcow2_error (img, "out of memory for the refcount table");
     return -ENOMEM;
@@ -340,7 +415,7 @@ void
 qcow2_refcount_place_table (struct qcow2_image *img, uint64_t offset,
                             uint32_t clusters)
 {
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc = img->refcounts;
 
   rc->table_offset = offset;
   rc->table_clusters = clusters;
@@ -382,40 +457,54 @@ int
 qcow2_refcount_snapshot (struct qcow2_image *img,
                          struct refcount_snapshot *snap)
 {
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc = img->refcounts;
   struct snapshot_ctx ctx = { .img = img, .snap = snap };
+  CLEANUP_FREE struct meta_table **blocks = NULL;
+  CLEANUP_FREE uint8_t *data = NULL, *table = NULL;
   size_t n = 0;
   uint64_t i;
 
   memset (snap, 0, sizeof *snap);
+  if (rc->table_dirty && rc->table_entries * 8 >
+      ((uint64_t) rc->table_clusters << img->header.cluster_bits)) {
+    /* Grown in memory and not placed yet: written where it is, it would
+     * run over the clusters after it.
+     */
+    qcow2_error (img, "internal error: the refcount table (%" PRIu64
+                 " entries) has outgrown its %u clusters at 0x%" PRIx64,
+                 rc->table_entries, rc->table_clusters, rc->table_offset);
+    return -EIO;
+  }
   tablemap_each (&rc->blocks, count_dirty, &n);
   if (n) {
-    snap->blocks = malloc (n * sizeof *snap->blocks);
-    snap->data = malloc (n * (size_t) img->header.cluster_size);
-    if (snap->blocks == NULL || snap->data == NULL)
+    blocks = malloc (n * sizeof *blocks);
+    data = malloc (n * (size_t) img->header.cluster_size);
+    if (blocks == NULL || data == NULL)
       goto nomem;
   }
   if (rc->table_dirty) {
-    snap->table_bytes = rc->table_entries * 8;
-    snap->table = malloc (snap->table_bytes);
-    if (snap->table == NULL)
+    table = malloc (rc->table_entries * 8);
+    if (table == NULL)
       goto nomem;
     for (i = 0; i < rc->table_entries; ++i)
-      put_be64 (snap->table + 8 * i, rc->table[i]);
+      put_be64 (table + 8 * i, rc->table[i]);
+    snap->table_bytes = rc->table_entries * 8;
     snap->table_offset = rc->table_offset;
     snap->table_clusters = rc->table_clusters;
     snap->table_moved = rc->table_moved;
     rc->table_dirty = false;
     rc->table_moved = false;
   }
+  snap->blocks = blocks;
+  snap->data = data;
+  snap->table = table;
+  blocks = NULL;
+  data = table = NULL;
   ctx.capacity = n;
   tablemap_each (&rc->blocks, copy_block, &ctx);
   return 0;
 
  nomem:
-  free (snap->blocks);
-  free (snap->data);
-  memset (snap, 0, sizeof *snap);
   qcow2_error (img, "out of memory writing the refcounts back");
   return -ENOMEM;
 }
@@ -425,13 +514,15 @@ qcow2_refcount_write (struct qcow2_image *img, struct qcow2_io *io,
                       const struct refcount_snapshot *snap)
 {
   const size_t cluster_size = img->header.cluster_size;
-  uint8_t header_fields[12];
+  struct qcow2_header moved;
+  struct qcow2_field_bytes field;
   size_t i;
   int r;
 
   for (i = 0; i < snap->nblocks; ++i) {
-    r = qcow2_pwrite_logged (img, io, snap->data + i * cluster_size,
-                             cluster_size, snap->blocks[i]->offset);
+    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_REFCOUNT_BLOCK,
+                           snap->data + i * cluster_size, cluster_size,
+                           snap->blocks[i]->offset);
     if (r < 0)
       return r;
   }
@@ -444,8 +535,8 @@ qcow2_refcount_write (struct qcow2_image *img, struct qcow2_io *io,
     if (r < 0)
       return r;
   }
-  r = qcow2_pwrite_logged (img, io, snap->table, snap->table_bytes,
-                           snap->table_offset);
+  r = qcow2_pwrite_meta (img, io, QCOW2_REGION_REFCOUNT_TABLE, snap->table,
+                         snap->table_bytes, snap->table_offset);
   if (r < 0 || !snap->table_moved)
     return r;
 
@@ -453,17 +544,19 @@ qcow2_refcount_write (struct qcow2_image *img, struct qcow2_io *io,
   r = qcow2_flush_logged (img, io);
   if (r < 0)
     return r;
-  put_be64 (header_fields, snap->table_offset);
-  put_be32 (header_fields + 8, snap->table_clusters);
-  return qcow2_pwrite_logged (img, io, header_fields, sizeof header_fields,
-                              48);
+  moved = img->header;
+  moved.refcount_table_offset = snap->table_offset;
+  moved.refcount_table_clusters = snap->table_clusters;
+  qcow2_header_field (&moved, QCOW2_FIELD_REFCOUNT_TABLE, &field);
+  return qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
+                            field.len, field.offset);
 }
 
 void
 qcow2_refcount_snapshot_done (struct qcow2_image *img,
                               struct refcount_snapshot *snap, bool written)
 {
-  struct refcounts *rc = &img->rc;
+  struct qcow2_refcounts *rc = img->refcounts;
   size_t i;
 
   if (written && snap->table_moved) {
@@ -490,8 +583,8 @@ qcow2_refcount_dirty (struct qcow2_image *img)
 {
   size_t n = 0;
 
-  if (img->rc.table_dirty)
+  if (img->refcounts->table_dirty)
     return true;
-  tablemap_each (&img->rc.blocks, count_dirty, &n);
+  tablemap_each (&img->refcounts->blocks, count_dirty, &n);
   return n > 0;
 }

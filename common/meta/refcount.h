@@ -2,8 +2,8 @@
 /* qcow2zstd engine: the refcounts in memory.
  *
  * While an image is open for writing, its refcount table and every
- * refcount block touched so far are held in memory (img->rc) and changed
- * there; qcow2_refcount_writeback writes them back, blocks before the
+ * refcount block touched so far are held in memory (img->refcounts, this
+ * module's) and changed there; qcow2_refcount_writeback writes them back, blocks before the
  * table that points at them.  This module only stores counts: deciding
  * which clusters to hand out, where a new block or a bigger table goes
  * and when a release may be applied is the allocator's (meta/alloc.h).
@@ -21,7 +21,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "meta/types.h"
+#include "base/tablemap.h"
+#include "meta/image.h"
 
 /* Read and check the refcount table the header names; blocks are read as
  * they are needed.  0, or -errno after logging (a table outside the file
@@ -36,8 +37,25 @@ void qcow2_refcount_free (struct qcow2_image *img);
  * are added, counts set and a place given before it is written.
  * qcow2_refcount_start_empty: 0, or -ENOMEM after logging.
  */
-void qcow2_refcount_geometry (struct qcow2_image *img);
+int qcow2_refcount_geometry (struct qcow2_image *img);
 int qcow2_refcount_start_empty (struct qcow2_image *img, uint64_t entries);
+
+/* The geometry: the largest refcount the width holds, log2 of the
+ * clusters one block counts, the table's length in entries and where it
+ * is (or goes, once moved) on disk.
+ */
+uint64_t qcow2_refcount_max (const struct qcow2_image *img);
+unsigned qcow2_refcount_block_bits (const struct qcow2_image *img);
+uint64_t qcow2_refcount_table_entries (const struct qcow2_image *img);
+void qcow2_refcount_table_location (const struct qcow2_image *img,
+                                    uint64_t *offset, uint32_t *clusters);
+
+/* Call FN with the host offset of every refcount block the table names,
+ * until it returns nonzero (then return that); 0 at the end.
+ */
+int qcow2_refcount_each_block (const struct qcow2_image *img,
+                               int (*fn) (void *opaque, uint64_t offset),
+                               void *opaque);
 
 /* The refcount of host cluster CLUSTER (0 where no block counts it). */
 int qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
@@ -62,17 +80,16 @@ int qcow2_refcount_set (struct qcow2_image *img, struct qcow2_io *io,
 int qcow2_refcount_has_block (struct qcow2_image *img, struct qcow2_io *io,
                               uint64_t rt_index, bool *has);
 
-/* Is the cluster at host OFFSET a refcount block held in memory? */
-bool qcow2_refcount_is_block (const struct qcow2_image *img, uint64_t offset);
-
 /* Make an empty block for table index RT_INDEX (inside the table) at host
  * cluster CLUSTER, which the caller counts.  0, or -ENOMEM after logging.
  */
 int qcow2_refcount_add_block (struct qcow2_image *img, uint64_t rt_index,
                               uint64_t cluster);
 
-/* Make the table in memory ENTRIES long (not shorter than it is), the new
- * entries empty.  It must then get a place: qcow2_refcount_place_table.
+/* Make the table in memory ENTRIES long, the new entries empty.  It must
+ * then get a place (qcow2_refcount_place_table) before a writeback
+ * copies it.  Shorter than it is only to take a growth back: -EBUSY if
+ * an entry that would go names a block.  0, or -errno.
  */
 int qcow2_refcount_resize_table (struct qcow2_image *img, uint64_t entries);
 

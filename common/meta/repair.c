@@ -17,6 +17,7 @@
 #include "format/entries.h"
 #include "format/header.h"
 #include "meta/hostio.h"
+#include "meta/log.h"
 #include "meta/map.h"
 #include "meta/refcount.h"
 #include "format/snapshot.h"
@@ -92,7 +93,7 @@ count_range (struct counts *c, uint64_t offset, uint64_t len, enum use use,
                       "(%s) at once", cl << bits, use_names[was],
                       use_names[use], what);
     if (c->refs[cl] == UINT32_MAX ||
-        c->refs[cl] >= img->rc.max_refcount)
+        c->refs[cl] >= qcow2_refcount_max (img))
       return damaged (img, "host cluster 0x%" PRIx64 " has more references "
                       "than refcount_order %u can count", cl << bits,
                       img->header.refcount_order);
@@ -251,7 +252,7 @@ mark_refcounts (struct counts *c)
 static bool
 blocks_cover (const struct counts *c)
 {
-  const unsigned block_bits = c->img->rc.block_bits;
+  const unsigned block_bits = qcow2_refcount_block_bits (c->img);
   uint64_t cl;
 
   for (cl = 0; cl < c->n; ++cl)
@@ -387,7 +388,7 @@ rebuild (struct counts *c, uint64_t *nblocks)
 {
   struct qcow2_image *img = c->img;
   const unsigned bits = img->header.cluster_bits;
-  const unsigned block_bits = img->rc.block_bits;
+  const unsigned block_bits = qcow2_refcount_block_bits (img);
   const uint64_t per_cluster = img->header.cluster_size / 8;
   uint64_t table_at = 0, table_clusters = 0, entries, i, cl;
   uint64_t *block_at = NULL;
@@ -482,15 +483,15 @@ fix_copied (struct counts *c, uint64_t *fixed)
   int r = 0;
 
   for (i = 0; i < h->l1_size && r == 0; ++i) {
-    uint64_t off = img->l1[i] & L1E_OFFSET_MASK, want;
+    uint64_t l1e = qcow2_l1_entry (img, i), off = l1e & L1E_OFFSET_MASK;
+    uint64_t want;
     bool changed = false;
 
     if (off == 0)
       continue;
-    want = c->refs[off >> bits] == 1 ? img->l1[i] | L2E_COPIED
-      : img->l1[i] & ~L2E_COPIED;
-    if (want != img->l1[i]) {
-      img->l1[i] = want;
+    want = c->refs[off >> bits] == 1 ? l1e | L2E_COPIED : l1e & ~L2E_COPIED;
+    if (want != l1e) {
+      qcow2_l1_set_entry (img, i, want);
       l1_changed = true;
       ++*fixed;
     }
@@ -514,7 +515,8 @@ fix_copied (struct counts *c, uint64_t *fixed)
       }
     }
     if (r == 0 && changed)
-      r = qcow2_pwrite_logged (img, c->io, c->buf, h->cluster_size, off);
+      r = qcow2_pwrite_meta (img, c->io, QCOW2_REGION_L2, c->buf,
+                             h->cluster_size, off);
   }
   if (r == 0 && l1_changed) {
     uint8_t *l1 = malloc ((uint64_t) h->l1_size * 8);
@@ -524,9 +526,9 @@ fix_copied (struct counts *c, uint64_t *fixed)
       return -ENOMEM;
     }
     for (i = 0; i < h->l1_size; ++i)
-      put_be64 (l1 + 8 * i, img->l1[i]);
-    r = qcow2_pwrite_logged (img, c->io, l1, (uint64_t) h->l1_size * 8,
-                             h->l1_table_offset);
+      put_be64 (l1 + 8 * i, qcow2_l1_entry (img, i));
+    r = qcow2_pwrite_meta (img, c->io, QCOW2_REGION_L1, l1,
+                           (uint64_t) h->l1_size * 8, h->l1_table_offset);
     free (l1);
   }
   return r;
@@ -550,8 +552,7 @@ count_all (struct counts *c, const struct qcow2_snapshot_table *snapshots)
 
   r = count_range (c, 0, h->cluster_size, USE_META, "the header");
   if (r == 0)
-    r = count_l1 (c, h->l1_table_offset, h->l1_size, img->l1,
-                  "the L1 table");
+    r = count_l1 (c, h->l1_table_offset, h->l1_size, NULL, "the L1 table");
   for (i = 0; snapshots && i < snapshots->count && r == 0; ++i) {
     const struct qcow2_snapshot *sn = &snapshots->snapshots[i];
 
@@ -563,8 +564,8 @@ count_all (struct counts *c, const struct qcow2_snapshot_table *snapshots)
   if (r == 0 && snapshots && snapshots->count)
     r = count_range (c, h->snapshots_offset, snapshots->table_bytes,
                      USE_META, "the snapshot table");
-  if (r == 0 && img->crypt.enabled)
-    r = count_range (c, img->crypt.area_offset, img->crypt.area_length,
+  if (r == 0)
+    r = count_range (c, img->luks_area_offset, img->luks_area_length,
                      USE_META, "the LUKS area");
   if (r == 0)
     r = qcow2_bitmaps_each_range (img, count_bitmap_range, c);
@@ -582,11 +583,14 @@ qcow2_repair_refcounts (struct qcow2_image *img, struct qcow2_io *io,
   struct counts c = { .img = img, .io = io };
   struct refcount_snapshot snap;
   uint64_t changed = 0, nblocks = 0, fixed = 0, in_use = 0, cl;
-  uint8_t field[8];
+  struct qcow2_header clean;
+  struct qcow2_field_bytes field;
   bool rebuilt;
   int r;
 
-  qcow2_refcount_geometry (img);
+  r = qcow2_refcount_geometry (img);
+  if (r < 0)
+    return r;
   /* Compressed data may run a little past the file's end. */
   c.limit = ((img->file_size + h->cluster_size - 1) >> bits) + 2;
   c.n = c.limit;
@@ -630,9 +634,11 @@ qcow2_repair_refcounts (struct qcow2_image *img, struct qcow2_io *io,
 
   /* 4. Only now is the image clean. */
   if (r == 0) {
-    put_be64 (field, h->incompatible_features & ~QCOW2_INCOMPAT_DIRTY);
-    r = qcow2_pwrite_logged (img, io, field, sizeof field,
-                             QCOW2_HEADER_INCOMPATIBLE_FEATURES);
+    clean = *h;
+    clean.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+    qcow2_header_field (&clean, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
+    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
+                           field.len, field.offset);
   }
   if (r == 0)
     r = qcow2_flush_logged (img, io);

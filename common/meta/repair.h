@@ -37,8 +37,8 @@
 #ifndef QCOW2_REPAIR_H
 #define QCOW2_REPAIR_H
 
-#include "meta/types.h"
 #include "format/snapshot.h"
+#include "meta/image.h"
 
 /* Repair the refcounts of IMG, which has the dirty bit and is being
  * opened for writing (SNAPSHOTS: its snapshot table, or NULL without

@@ -28,16 +28,17 @@
  * brings to refcount 0 are discarded (and become reusable) only after
  * that, once the decrements are durable too.
  *
- * Offers: qcow2_l2_for_write (the dirty set), qcow2_too_much_dirty,
- * qcow2_l2_dirty, qcow2_writeback, qcow2_writeback_if_idle.
- * Locks: qcow2_l2_for_write, qcow2_too_much_dirty and qcow2_l2_dirty with
- * the image lock held (exclusively but for qcow2_l2_dirty); the
- * writebacks take the writeback lock and then the image lock
- * themselves, so they are called with no lock held, no claim and not
- * registered for a grace period (they wait for grace periods).
- * Needs: the refcounts (their snapshots), the allocator (a new L2 table,
- * the queued releases, the released clusters to discard), the grace
- * periods, host I/O, the L2 cache.
+ * The writeback's state (img->writeback, this module's) is its lock: one
+ * writeback at a time.
+ *
+ * Offers: qcow2_writeback_open, qcow2_writeback_close,
+ * qcow2_too_much_dirty, qcow2_writeback, qcow2_writeback_if_idle.
+ * Locks: qcow2_too_much_dirty with the image lock held; the writebacks
+ * take the writeback lock and then the image lock themselves, so they
+ * are called with no lock held, no claim and not registered for a grace
+ * period (they wait for grace periods).
+ * Needs: the refcounts, the dirty set and the changed L1 entries (their
+ * copies), the releases, the grace periods, host I/O, the L2 cache.
  */
 #ifndef QCOW2_WRITEBACK_H
 #define QCOW2_WRITEBACK_H
@@ -45,34 +46,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "meta/types.h"
+#include "meta/image.h"
 
-/* The L2 table for L1_INDEX, as a table that may be changed: made (and
- * hooked into the L1 table in memory) if the L1 entry is empty, copied
- * into a new table (hooked in the same way; the old one is released
- * after the next writeback) if a snapshot shares it (COPIED clear in the
- * L1 entry, or with snapshots a refcount other than 1), else loaded into
- * the dirty set.  A loaded table is not dirty: the caller that changes an
- * entry sets t->dirty, so that a table nothing changed is not written
- * back; a new or copied table is.  With CREATE false and no table, *OUT
- * is NULL.  The pointer is valid only while the image lock stays held.  0,
- * QCOW2_RECLAIM (no room for a new table yet: see meta/alloc.h), or
- * -errno after logging.
- */
-int qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
-                        uint64_t l1_index, bool create,
-                        struct meta_table **out);
+/* Make the writeback's lock, and free it. */
+int qcow2_writeback_open (struct qcow2_image *img);
+void qcow2_writeback_close (struct qcow2_image *img);
 
 /* Has so much changed metadata piled up in memory that it is time to
  * write it back?
  */
 bool qcow2_too_much_dirty (struct qcow2_image *img);
-
-/* Could the L2 entries of L1_INDEX's table not be on disk yet: the table
- * is in the dirty set (changed, or being written), or the L1 entry
- * naming it is?
- */
-bool qcow2_l2_dirty (struct qcow2_image *img, uint64_t l1_index);
 
 /* Write all changed metadata back in the order above; with
  * FLUSH_UNDERNEATH, flush at the end even if nothing was released.

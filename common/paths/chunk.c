@@ -14,6 +14,7 @@
 #include "format/codec.h"
 #include "paths/conn.h"
 #include "meta/hostio.h"
+#include "meta/log.h"
 #include "base/pool.h"
 
 /* Compressed ranges this far apart still share one read underneath: a
@@ -45,7 +46,7 @@ decode_one (struct chunk *c, struct job *j, struct thread_state *ts)
                 ts->err);
     return;
   }
-  atomic_fetch_add_explicit (&img->clusters_decompressed, 1,
+  atomic_fetch_add_explicit (&img->counters.clusters_decompressed, 1,
                              memory_order_relaxed);
   if (j->whole_dst == NULL) {
     if (j->part_len)
@@ -144,7 +145,7 @@ qcow2_chunk_flush (struct qcow2_conn *conn, struct request *req,
   /* As many reads in progress as there are threads to decode: they keep
    * the CPUs busy already, so decode here rather than wake workers.
    */
-  if (atomic_load_explicit (&img->active_reads, memory_order_relaxed) >
+  if (atomic_load_explicit (&img->counters.active_reads, memory_order_relaxed) >
       qcow2_conn_workers (conn)) {
     qcow2_pool_run_here (&c->batch, &req->caller);
     c->in_flight = true;        /* qcow2_chunk_finish collects the error */

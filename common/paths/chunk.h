@@ -26,7 +26,46 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "meta/types.h"
+#include "base/pool.h"
+#include "meta/map.h"
+
+struct qcow2_conn;
+struct request;
+struct thread_state;
+
+/* One compressed cluster to decode (paths/chunk.c). */
+struct job {
+  uint32_t in_off;              /* of its data in the staging buffer */
+  uint32_t in_len;
+  uint8_t *whole_dst;           /* the request covers the cluster: decode here */
+  uint8_t *part_dst;            /* else copy part_len bytes from part_off */
+  uint32_t part_off, part_len;
+  uint64_t key;                 /* L2 entry, the cluster cache key */
+  uint64_t guest_offset;        /* for messages */
+};
+
+/* Most clusters in one chunk. */
+#define QCOW2_MAX_CHUNK_CLUSTERS 1024
+
+/* Compressed clusters whose bytes lie (nearly) back to back on the host,
+ * fetched with one read and decoded by the connection's pool
+ * (paths/chunk.c).
+ */
+struct chunk {
+  struct qcow2_batch batch;
+  struct qcow2_image *img;
+  size_t clusters_per_job;
+  uint8_t *staging;
+  struct job jobs[QCOW2_MAX_CHUNK_CLUSTERS];
+  size_t njobs;
+  uint64_t host_start, host_end;
+  bool in_flight;
+  bool readahead;               /* nobody waits: results only go to the cache */
+  uint64_t generation;          /* img->free_generation when it was read */
+  _Atomic int failed;
+  char errmsg[400];
+};
+
 
 /* Add compressed cluster MAP (at GUEST_OFFSET) to the request's current
  * chunk: decoded whole into DST if PART_OFF is 0 and PART_LEN a cluster,

@@ -11,19 +11,17 @@
 #include <string.h>
 
 #include "paths/compress.h"
-#include "meta/alloc.h"
-#include "paths/cluster.h"
-#include "format/codec.h"
-#include "paths/dedup.h"
-#include "format/endian.h"
-#include "format/entries.h"
-#include "meta/first-change.h"
-#include "meta/hostio.h"
+#include "paths/run.h"
+#include "base/lockorder.h"
 #include "base/inflight.h"
-#include "meta/map.h"
 #include "base/pool.h"
+#include "format/codec.h"
+#include "format/entries.h"
+#include "meta/log.h"
+#include "paths/cluster.h"
+#include "paths/commit.h"
+#include "paths/dedup.h"
 #include "paths/scratch.h"
-#include "meta/writeback.h"
 
 /* Output per batch: enough to keep two threads busy, small enough that
  * many concurrent requests stay cheap in memory.
@@ -62,6 +60,12 @@ all_zero (const uint8_t *p, size_t len)
  * The pool starts with the image's first compressing write and stops
  * when the image is closed.
  */
+/* The image's compressor threads (img->compressors). */
+struct qcow2_compressors {
+  struct qcow2_mutex lock;      /* a leaf: the start of the pool */
+  struct qcow2_pool *pool;      /* started by the first compressing write */
+};
+
 struct compressor {
   struct qcow2_image *img;
   struct qcow2_encoder *enc;
@@ -149,19 +153,19 @@ qcow2_compress_run (struct compress_ctx *ctx)
     return 0;
   atomic_store (&ctx->failed, 0);
 
-  pthread_mutex_lock (&img->compressors_lock);
-  if (img->compressors == NULL) {
+  qcow2_mutex_lock (&img->compressors->lock);
+  if (img->compressors->pool == NULL) {
     unsigned n = img->opts.compress_threads, cpus = qcow2_online_cpus ();
 
     if (n == 0)
       n = 1;
     if (n > cpus)
       n = cpus;
-    img->compressors = qcow2_pool_new (n, compressor_new, compressor_free,
-                                       img);
+    img->compressors->pool = qcow2_pool_new (n, compressor_new,
+                                             compressor_free, img);
   }
-  pool = img->compressors;
-  pthread_mutex_unlock (&img->compressors_lock);
+  pool = img->compressors->pool;
+  qcow2_mutex_unlock (&img->compressors->lock);
   if (pool == NULL) {
     qcow2_error (img, "cannot start the compressor threads");
     return -EAGAIN;
@@ -173,37 +177,47 @@ qcow2_compress_run (struct compress_ctx *ctx)
     qcow2_error (img, "%s", ctx->errmsg);
     return -EIO;
   }
+  /* Ready to place, from the start. */
+  memset (ctx->placed, 0, ctx->count);
+  memset (ctx->entry, 0, ctx->count * sizeof *ctx->entry);
+  ctx->verified = false;
+  return 0;
+}
+
+int
+qcow2_compress_open (struct qcow2_image *img)
+{
+  img->compressors = calloc (1, sizeof *img->compressors);
+  if (img->compressors == NULL) {
+    qcow2_error (img, "out of memory for the compressor threads");
+    return -ENOMEM;
+  }
+  qcow2_mutex_init (&img->compressors->lock, QCOW2_RANK_LEAF,
+                    "the start of the compressor threads");
   return 0;
 }
 
 void
 qcow2_compress_free (struct qcow2_image *img)
 {
-  qcow2_pool_free (img->compressors);
+  if (img->compressors == NULL)
+    return;
+  qcow2_pool_free (img->compressors->pool);
+  qcow2_mutex_destroy (&img->compressors->lock);
+  free (img->compressors);
   img->compressors = NULL;
 }
 
 /* ------------------------------------------------ placing the results */
 
-/* What placing does to one cluster of a batch (piece_cluster.action). */
-enum place_action {
-  PLACE_DONE,           /* nothing left: its entry was set under the lock */
-  PLACE_PACKED,         /* its compressed bytes go to new_host (entry) */
-  PLACE_SHARED,         /* gets entry, a copy packed or shared by the batch */
-  PLACE_IN_PLACE,       /* plain data into the cluster it has */
-  PLACE_NEW,            /* plain data into the new cluster new_host */
-};
-
-/* Why a round stopped before the end of the batch.  The step it stopped
- * at is placed by the next round, after the caller has done this:
+/* Why placing stopped before the end of a commit: what the caller of
+ * commit_run does before it runs it again.
  */
-enum round_stop {
-  ROUND_DONE,
-  ROUND_RECLAIM,        /* make room: QCOW2_RECLAIM to the caller */
-  ROUND_COMPRESS,       /* compress the cluster: its copy cannot be shared */
-  ROUND_VERIFY,         /* read back the copies DUPLICATE clusters share */
-  ROUND_WAIT,           /* wait for a claim: a claimed range, or the data
-                           of a copy being written */
+enum place_stop {
+  PLACE_ON,
+  PLACE_COMPRESS,       /* compress the cluster: its copy cannot be shared */
+  PLACE_VERIFY,         /* read back the copies DUPLICATE clusters share */
+  PLACE_WAIT,           /* wait for the data of a copy being written */
 };
 
 /* After this many read-backs of the copies, releases applied in between
@@ -211,6 +225,18 @@ enum round_stop {
  * otherwise hold the batch back for ever).
  */
 #define MAX_VERIFY_ROUNDS 3
+
+/* The placing of one batch, the commit policy's opaque. */
+struct placing {
+  struct compress_ctx *ctx;
+  struct write_scratch *ws;
+  size_t base;                  /* the batch index of the commit's first */
+  size_t order[QCOW2_COMMIT_MAX];
+  unsigned verify_rounds;
+  enum place_stop stop;
+  size_t stop_at;               /* the batch index it stopped at */
+  uint64_t ticket;              /* PLACE_WAIT: for qcow2_inflight_wait_claim */
+};
 
 /* Compress cluster I of CTX on this thread, with no lock held: it was to
  * share a copy that turned out to be gone or different.
@@ -245,22 +271,22 @@ compress_here (struct qcow2_image *img, struct compress_ctx *ctx,
   return 0;
 }
 
-/* Read back the copies that the DUPLICATE clusters of CTX from step STEP
- * on are to share, with no lock held, and compress those whose copy
- * holds other data.  The placing checks under the lock that no release
- * was applied since (verified_generation).
+/* Read back the copies that the DUPLICATE clusters of CTX not placed yet
+ * are to share, with no lock held, and compress those whose copy holds
+ * other data.  The placing checks under the lock that no release was
+ * applied since (verified_generation).
  */
 static int
 verify_copies (struct qcow2_image *img, struct qcow2_io *io,
                struct compress_ctx *ctx, struct write_scratch *ws,
-               uint64_t first_gc, size_t step)
+               uint64_t first_gc)
 {
   size_t i;
   int r;
 
   ctx->verified_generation = atomic_load (&img->free_generation);
-  for (i = step; i < ctx->count; ++i) {
-    if (ctx->result[i] != QCOW2_COMPRESS_DUPLICATE)
+  for (i = 0; i < ctx->count; ++i) {
+    if (ctx->placed[i] || ctx->result[i] != QCOW2_COMPRESS_DUPLICATE)
       continue;
     r = qcow2_dedup_verify (img, io, ws, first_gc + i, ctx->dedup[i],
                             ctx->src[i], ctx->src_len[i]);
@@ -283,409 +309,347 @@ verify_copies (struct qcow2_image *img, struct qcow2_io *io,
  * that was placed with ENTRY?
  */
 static bool
-batch_has_copy (const struct compress_ctx *ctx, const struct write_scratch *ws,
-                size_t j, uint64_t entry)
+batch_has_copy (const struct compress_ctx *ctx, size_t j, uint64_t entry)
 {
   size_t i;
 
   for (i = j; i-- > 0; )
-    if (ws->piece[i].entry == entry && ctx->hash[i] == ctx->hash[j] &&
+    if (ctx->entry[i] == entry && ctx->hash[i] == ctx->hash[j] &&
         ctx->src_len[i] == ctx->src_len[j] &&
         memcmp (ctx->src[i], ctx->src[j], ctx->src_len[j]) == 0)
       return true;
   return false;
 }
 
-/* Set the entry of the cluster PC describes (at INDEX in table T) to
- * ENTRY now, and release what it held.
- */
-static int
-set_entry (struct qcow2_image *img, struct meta_table *t, uint64_t index,
-           const struct piece_cluster *pc, uint64_t entry)
+static enum commit_step
+stop (struct placing *p, size_t b, enum place_stop why)
 {
-  put_be64 (t->data + index * 8, entry);
-  t->dirty = true;
-  return qcow2_release (img, &pc->old);
+  p->stop = why;
+  p->stop_at = b;
+  return COMMIT_STEP_STOP;
 }
 
-/* Before the first change to guest cluster GC's entry: the image's first
- * change (qcow2_first_change), and the cluster's L2 table, made into *T
- * if there is none yet.
- */
-static int
-prepare_change (struct qcow2_image *img, struct qcow2_io *io, uint64_t gc,
-                struct meta_table **t)
+static enum commit_step
+fail (struct commit *commit, int r)
 {
-  int r = qcow2_first_change (img, io);
-
-  if (r == 0 && *t == NULL)
-    r = qcow2_l2_for_write (img, io, gc >> img->header.l2_bits, true, t);
-  return r;
+  commit->error = r;
+  return COMMIT_STEP_FAILED;
 }
 
-/* Decide, with the image lock held exclusively, how cluster I of CTX
- * (guest cluster GC) is placed: set its entry now (zeros, a verified
- * copy), or reserve what its data needs (packed bytes, a new cluster, a
- * reference to a copy the batch made).  0, a ROUND_* reason to stop
- * before it (*TICKET for ROUND_WAIT), QCOW2_RECLAIM, or -errno after
- * logging.
+/* A copy of the data verified and referenced under this lock: shared at
+ * once.
  */
-static int
-place_one (struct qcow2_image *img, struct qcow2_io *io,
-           struct compress_ctx *ctx, struct write_scratch *ws, size_t i,
-           uint64_t gc, unsigned verify_rounds, uint64_t *ticket)
+static enum commit_step
+share_verified (struct commit *commit, size_t i, struct placing *p, size_t b)
 {
-  const uint64_t index = gc & ((UINT64_C (1) << img->header.l2_bits) - 1);
-  const bool whole = ctx->src_len[i] == img->header.cluster_size;
-  struct piece_cluster *pc = &ws->piece[i];
-  int64_t result = ctx->result[i];
-  struct meta_table *t;
-  uint64_t entry, host;
+  struct qcow2_image *img = commit->img;
+  struct compress_ctx *ctx = p->ctx;
+  enum commit_step step;
+  int r = 0;
+
+  if (atomic_load (&img->free_generation) != ctx->verified_generation &&
+      p->verify_rounds < MAX_VERIFY_ROUNDS)
+    return stop (p, b, PLACE_VERIFY);   /* what was read back may be gone */
+  if (atomic_load (&img->free_generation) == ctx->verified_generation)
+    r = qcow2_dedup_can_reference (img, commit->io, ctx->dedup[b]);
+  if (r < 0)
+    return fail (commit, r);
+  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "guest cluster %" PRIu64 ": %s "
+                  "compressed entry 0x%" PRIx64, commit->first + i,
+                  r ? "shares" : "cannot share", ctx->dedup[b]);
+  if (r == 0) {
+    ctx->dedup[b] = QCOW2_DEDUP_NO_SHARE;
+    ctx->result[b] = QCOW2_COMPRESS_PENDING;
+    return stop (p, b, PLACE_COMPRESS);
+  }
+  /* The reference is taken once nothing else can fail before the entry
+   * is set.
+   */
+  step = commit_prepare (commit);
+  if (step != COMMIT_STEP_NEXT)
+    return step;
+  r = qcow2_dedup_reference (img, commit->io, ctx->dedup[b]);
+  if (r < 0)
+    return fail (commit, r);
+  ctx->entry[b] = ctx->dedup[b];
+  return commit_set_entry (commit, i, ctx->dedup[b]);
+}
+
+/* Compressed data of RESULT bytes: a copy of the same data placed since
+ * the batch looked (by the batch itself, or by another write) is shared
+ * instead, else it is packed.
+ */
+static enum commit_step
+place_compressed (struct commit *commit, size_t i, struct placing *p,
+                  size_t b, int64_t result)
+{
+  struct qcow2_image *img = commit->img;
+  struct compress_ctx *ctx = p->ctx;
+  const bool whole = ctx->src_len[b] == img->header.cluster_size;
+  enum commit_step step;
+  uint64_t entry;
   bool pending;
   int r;
 
-  /* Found, not made: a cluster that stays as it is changes nothing. */
-  r = qcow2_l2_for_write (img, io, gc >> img->header.l2_bits, false, &t);
-  if (r == 0)
-    r = qcow2_classify (img, gc, t ? be64 (t->data + index * 8) : 0,
-                        &pc->old);
-  if (r < 0)
-    return r;
-  pc->action = PLACE_DONE;
-  pc->new_host = 0;
-
-  if (result == QCOW2_COMPRESS_PENDING)
-    return ROUND_COMPRESS;
-  if (result == QCOW2_COMPRESS_DUPLICATE) {
-    if (atomic_load (&img->free_generation) != ctx->verified_generation &&
-        verify_rounds < MAX_VERIFY_ROUNDS)
-      return ROUND_VERIFY;      /* what was read back may be gone */
-    r = 0;
-    if (atomic_load (&img->free_generation) == ctx->verified_generation)
-      r = qcow2_dedup_can_reference (img, io, ctx->dedup[i]);
+  if (whole && ctx->dedup[b] != QCOW2_DEDUP_NO_SHARE &&
+      (entry = qcow2_dedup_find (img, ctx->hash[b], &pending)) != 0) {
+    r = qcow2_dedup_can_reference (img, commit->io, entry);
     if (r < 0)
-      return r;
-    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "guest cluster %" PRIu64 ": %s "
-                    "compressed entry 0x%" PRIx64, gc,
-                    r ? "shares" : "cannot share", ctx->dedup[i]);
-    if (r == 0) {
-      ctx->dedup[i] = QCOW2_DEDUP_NO_SHARE;
-      ctx->result[i] = QCOW2_COMPRESS_PENDING;
-      return ROUND_COMPRESS;
-    }
-    r = prepare_change (img, io, gc, &t);
-    if (r == 0)
-      r = qcow2_dedup_reference (img, io, ctx->dedup[i]);
-    if (r < 0)
-      return r;
-    pc->entry = ctx->dedup[i];
-    return set_entry (img, t, index, pc, pc->entry);
-  }
-  if (result == QCOW2_COMPRESS_ALL_ZERO) {
-    /* What already reads as zeros stays as it is (an unallocated cluster
-     * of a new image, as qemu-img convert leaves it).
-     */
-    if (qcow2_reads_as_zeros (img, &pc->old))
-      return 0;
-    r = prepare_change (img, io, gc, &t);
-    if (r < 0)
-      return r;
-    if (img->header.version >= 3 || img->backing == NULL)
-      return set_entry (img, t, index, pc,
-                        img->header.version >= 3 ? L2E_ZERO : 0);
-    result = 0;                 /* v2 over a backing file: write zeros */
-  }
-  /* Anything below changes the image. */
-  r = prepare_change (img, io, gc, &t);
-  if (r < 0)
-    return r;
-  if (result == 0) {
-    if (pc->old.kind == CLUSTER_NORMAL && (pc->old.l2_entry & L2E_COPIED)) {
-      pc->action = PLACE_IN_PLACE;
-      return 0;
-    }
-    r = qcow2_alloc_clusters (img, io, 1, QCOW2_ALLOC_ANY, &pc->new_host);
-    if (r == 0)
-      pc->action = PLACE_NEW;
-    return r;
-  }
-
-  /* Compressed: a copy of the same data placed since the batch looked
-   * (by the batch itself, or by another write) is shared instead.
-   */
-  if (whole && ctx->dedup[i] != QCOW2_DEDUP_NO_SHARE &&
-      (entry = qcow2_dedup_find (img, ctx->hash[i], &pending)) != 0) {
-    r = qcow2_dedup_can_reference (img, io, entry);
-    if (r < 0)
-      return r;
-    if (r == 1 && batch_has_copy (ctx, ws, i, entry)) {
-      r = qcow2_dedup_reference (img, io, entry);
-      if (r == 0) {
-        pc->entry = entry;
-        pc->action = PLACE_SHARED;
-      }
-      return r;
+      return fail (commit, r);
+    if (r == 1 && batch_has_copy (ctx, b, entry)) {
+      step = commit_prepare (commit);
+      if (step != COMMIT_STEP_NEXT)
+        return step;
+      r = qcow2_dedup_reference (img, commit->io, entry);
+      if (r < 0)
+        return fail (commit, r);
+      ctx->entry[b] = entry;
+      return commit_link_entry (commit, i, entry);
     }
     if (r == 1 && pending) {
       /* Its data is still being written: wait for that write. */
-      qcow2_inflight_claimed (&img->inflight, 0, 0, ticket);
-      return ROUND_WAIT;
+      qcow2_inflight_claimed (&img->inflight, 0, 0, &p->ticket);
+      return stop (p, b, PLACE_WAIT);
     }
     if (r == 1) {
-      ctx->result[i] = QCOW2_COMPRESS_DUPLICATE;
-      ctx->dedup[i] = entry;
-      return ROUND_VERIFY;
+      ctx->result[b] = QCOW2_COMPRESS_DUPLICATE;
+      ctx->dedup[b] = entry;
+      return stop (p, b, PLACE_VERIFY);
     }
   }
-  r = qcow2_pack_reserve (img, io, result, &host);
-  if (r < 0)
-    return r;
-  pc->new_host = host;
-  pc->entry = L2E_COMPRESSED | host |
-    ((((host + result - 1) >> 9) - (host >> 9)) << img->csize_shift);
-  pc->action = PLACE_PACKED;
-  if (whole)
-    qcow2_dedup_remember (img, ctx->hash[i], pc->entry, true);
-  return 0;
+  step = commit_pack (commit, i, result);
+  if (step == COMMIT_STEP_NEXT) {
+    ctx->entry[b] = commit->c[i].entry;
+    if (whole)
+      qcow2_dedup_remember (img, ctx->hash[b], ctx->entry[b], true);
+  }
+  return step;
 }
 
-/* The data of the clusters of CTX placed by this round, with no lock
- * held: the packed bytes (those that follow each other on the host in one
- * write, moved together in CTX->out), and the plain clusters.
+static enum commit_step
+place_decide (struct commit *commit, size_t i, void *opaque)
+{
+  struct placing *p = opaque;
+  struct compress_ctx *ctx = p->ctx;
+  struct qcow2_image *img = commit->img;
+  const struct cluster_map *old = &commit->c[i].old;
+  const size_t b = p->base + i;
+  int64_t result = ctx->result[b];
+  enum commit_step step;
+
+  if (ctx->placed[b])
+    return commit_keep (commit, i);
+  if (result == QCOW2_COMPRESS_PENDING)
+    return stop (p, b, PLACE_COMPRESS);
+  if (result == QCOW2_COMPRESS_DUPLICATE)
+    step = share_verified (commit, i, p, b);
+  else if (result == QCOW2_COMPRESS_ALL_ZERO &&
+           qcow2_reads_as_zeros (img, old))
+    /* What already reads as zeros stays as it is (an unallocated cluster
+     * of a new image, as qemu-img convert leaves it).
+     */
+    step = commit_keep (commit, i);
+  else if (result == QCOW2_COMPRESS_ALL_ZERO &&
+           (img->header.version >= 3 || img->backing == NULL))
+    step = commit_set_entry (commit, i,
+                             img->header.version >= 3 ? L2E_ZERO : 0);
+  else if (result == QCOW2_COMPRESS_ALL_ZERO || result == 0) {
+    /* Stored plain (v2 over a backing file writes its zeros so). */
+    if (result != 0)
+      ctx->result[b] = 0;
+    step = old->kind == CLUSTER_NORMAL && (old->l2_entry & L2E_COPIED)
+      ? commit_in_place (commit, i) : commit_new_cluster (commit, i);
+  }
+  else
+    step = place_compressed (commit, i, p, b, result);
+  if (step == COMMIT_STEP_NEXT)
+    ctx->placed[b] = 1;
+  return step;
+}
+
+/* The data of the clusters this commit placed, with no lock held: the
+ * packed bytes (those that follow each other on the host in one write,
+ * moved together in CTX->out), and the plain clusters.
  */
 static int
-write_round (struct qcow2_image *img, struct qcow2_io *io,
-             struct compress_ctx *ctx, struct write_scratch *ws)
+place_write (struct commit *commit, void *opaque)
 {
+  struct placing *p = opaque;
+  struct compress_ctx *ctx = p->ctx;
+  struct qcow2_image *img = commit->img;
   const uint32_t cluster_size = img->header.cluster_size;
-  struct data_run plain = { 0 }, packed = { 0 };
-  uint8_t *packed_buf = NULL;
+  struct write_target target = { .img = img, .io = commit->io };
+  struct data_run plain = qcow2_run_new (img->opts.request_size,
+                                         qcow2_write_mover, &target);
+  struct data_run packed = qcow2_run_new (UINT64_MAX, qcow2_write_mover,
+                                          &target);
   size_t i;
   int r = 0;
 
-  for (i = 0; i < ctx->count && r == 0; ++i) {
-    const struct piece_cluster *pc = &ws->piece[i];
-    uint8_t *data = ctx->out + i * (size_t) cluster_size;
-    const uint8_t *src = ctx->src[i];
+  for (i = 0; i < commit->n && r == 0; ++i) {
+    const struct commit_cluster *c = &commit->c[i];
+    const size_t b = p->base + i;
+    uint8_t *data = ctx->out + b * (size_t) cluster_size;
+    uint8_t *src = (uint8_t *) ctx->src[b];     /* the mover only reads */
 
-    switch (pc->action) {
-    case PLACE_PACKED:
+    switch (c->action) {
+    case COMMIT_LINK:
+      if (c->host == 0)
+        break;                  /* a copy shared: no data of its own */
       /* The packed clusters come in the order of their host offsets and
        * of their places in CTX->out, so a cluster's bytes only ever move
        * down over those of clusters already moved.
        */
-      if (packed.len && packed.host + packed.len == pc->new_host) {
-        memmove (packed_buf + packed.len, data, ctx->result[i]);
-        packed.len += ctx->result[i];
+      if (packed.len && packed.host + packed.len == c->host) {
+        memmove (packed.buf + packed.len, data, ctx->result[b]);
+        packed.len += ctx->result[b];
         break;
       }
-      r = qcow2_run_flush (img, io, &packed);
-      packed_buf = data;
-      packed = (struct data_run) {
-        .src = data, .host = pc->new_host, .len = ctx->result[i],
-      };
+      r = qcow2_run_flush (&packed);
+      packed.buf = data;
+      packed.host = c->host;
+      packed.len = ctx->result[b];
       break;
-    case PLACE_IN_PLACE:
-      r = qcow2_run_add (img, io, &plain, src, pc->old.host_offset,
-                         ctx->src_len[i]);
+    case COMMIT_IN_PLACE:
+      r = qcow2_run_add (&plain, src, c->old.host_offset, ctx->src_len[b]);
       break;
-    case PLACE_NEW:
-      if (ctx->src_len[i] < cluster_size) {
+    case COMMIT_NEW:
+      if (ctx->src_len[b] < cluster_size) {
         /* The disk's last cluster, zero padded. */
-        memcpy (ws->cow[0], src, ctx->src_len[i]);
-        memset (ws->cow[0] + ctx->src_len[i], 0,
-                cluster_size - ctx->src_len[i]);
-        src = ws->cow[0];
+        memcpy (p->ws->cow[0], src, ctx->src_len[b]);
+        memset (p->ws->cow[0] + ctx->src_len[b], 0,
+                cluster_size - ctx->src_len[b]);
+        src = p->ws->cow[0];
       }
-      r = qcow2_run_add (img, io, &plain, src, pc->new_host, cluster_size);
+      r = qcow2_run_add (&plain, src, c->host, cluster_size);
+      break;
+    default:
       break;
     }
   }
   if (r == 0)
-    r = qcow2_run_flush (img, io, &packed);
+    r = qcow2_run_flush (&packed);
   if (r == 0)
-    r = qcow2_run_flush (img, io, &plain);
+    r = qcow2_run_flush (&plain);
   return r;
 }
 
-/* With the image lock held exclusively, after the data of the clusters
- * this round placed was written (WRITTEN) or not: point the entries at
- * what was written and release what they held, or give back what was
- * reserved.
+/* With the image lock held exclusively: the packed data of cluster I is
+ * now another write's to share (or, not written, nobody's).
  */
-static int
-link_round (struct qcow2_image *img, struct qcow2_io *io,
-            struct compress_ctx *ctx, struct write_scratch *ws,
-            uint64_t first_gc, bool written)
+static void
+place_linked (struct commit *commit, size_t i, bool linked, void *opaque)
 {
-  const uint64_t l2_mask = (UINT64_C (1) << img->header.l2_bits) - 1;
-  size_t i;
-  int r = 0;
+  struct placing *p = opaque;
+  struct compress_ctx *ctx = p->ctx;
+  const size_t b = p->base + i;
+  const struct commit_cluster *c = &commit->c[i];
 
-  for (i = 0; i < ctx->count; ++i) {
-    uint64_t gc = first_gc + i;
-    struct piece_cluster *pc = &ws->piece[i];
-    bool whole = ctx->src_len[i] == img->header.cluster_size;
-    struct meta_table *t = NULL;
-    struct cluster_map map;
-    uint64_t entry;
-
-    if (pc->action != PLACE_PACKED && pc->action != PLACE_SHARED &&
-        pc->action != PLACE_NEW)
-      continue;
-    entry = pc->action == PLACE_NEW ? pc->new_host | L2E_COPIED : pc->entry;
-    if (written && r == 0) {
-      r = qcow2_l2_for_write (img, io, gc >> img->header.l2_bits, false, &t);
-      if (r == 0 && t == NULL) {
-        qcow2_error (img, "internal error: the L2 table of guest cluster %"
-                     PRIu64 " went away", gc);
-        r = -EIO;
-      }
-    }
-    if (!written || r < 0) {
-      /* Nothing points at what was reserved: back at the next writeback. */
-      if (pc->action == PLACE_NEW)
-        qcow2_free_later (img, pc->new_host, img->header.cluster_size, 0);
-      else if (qcow2_classify (img, gc, entry, &map) == 0)
-        qcow2_release (img, &map);
-      if (pc->action == PLACE_PACKED && whole)
-        qcow2_dedup_forget (img, ctx->hash[i], entry);
-      pc->entry = 0;
-      continue;
-    }
-    put_be64 (t->data + (gc & l2_mask) * 8, entry);
-    t->dirty = true;
-    r = qcow2_release (img, &pc->old);
-    if (pc->action == PLACE_PACKED && whole)
-      qcow2_dedup_written (img, ctx->hash[i], entry);
+  if (!linked) {
+    ctx->entry[b] = 0;
+    ctx->placed[b] = 0;
   }
-  return r;
+  if (c->action != COMMIT_LINK || c->host == 0 ||
+      ctx->src_len[b] != commit->img->header.cluster_size)
+    return;
+  if (linked)
+    qcow2_dedup_written (commit->img, ctx->hash[b], c->entry);
+  else
+    qcow2_dedup_forget (commit->img, ctx->hash[b], c->entry);
 }
 
-/* One round: decide steps from *STEP on under the lock until the batch
- * ends or a step cannot be placed now (*STOP says why), write their data
- * without the lock, and link them under it.  Moves *STEP on.
+/* The decisions of one commit: the compressed clusters first, the plain
+ * ones after, so that a plain cluster does not take the host cluster
+ * that the packed data was to run on into and leave the rest of the
+ * current one unused.
  */
-static int
-place_round (struct qcow2_image *img, struct qcow2_io *io,
-             struct compress_ctx *ctx, struct write_scratch *ws,
-             uint64_t first_gc, size_t *step, unsigned verify_rounds,
-             struct change_result *result, int *stop, uint64_t *ticket)
+static void
+order_round (struct placing *p, size_t n)
 {
-  const size_t count = ctx->count;
-  struct qcow2_claim claim;
-  struct qcow2_inflight_op reg;
-  bool claims = false, in_place = false;
-  size_t s0 = *step, s, i;
-  int r = 0, r2;
+  size_t i, k = 0;
+  int pass;
 
-  /* What earlier rounds placed is done: the write and link below see
-   * only this round's clusters.
-   */
-  for (i = 0; i < count; ++i)
-    ws->piece[i].action = PLACE_DONE;
-  *stop = ROUND_DONE;
-  pthread_rwlock_wrlock (&img->lock);
-  if (qcow2_inflight_claimed (&img->inflight, first_gc, first_gc + count,
-                              ticket)) {
-    pthread_rwlock_unlock (&img->lock);
-    *stop = ROUND_WAIT;
-    return 0;
-  }
-  /* Compressed clusters first, plain ones after: a plain cluster placed
-   * in between would take the host cluster that the packed data was to
-   * run on into, and leave the rest of the current one unused.  Steps
-   * [0, count) are the first pass, [count, 2 * count) the second.
-   */
-  for (s = s0; s < 2 * count; ++s) {
-    bool plain_pass = s >= count;
-
-    i = s % count;
-    if ((ctx->result[i] == 0) != plain_pass)
-      continue;
-    r = place_one (img, io, ctx, ws, i, first_gc + i, verify_rounds, ticket);
-    if (r == QCOW2_RECLAIM) {
-      *stop = ROUND_RECLAIM;
-      r = 0;
-    }
-    else if (r > 0) {
-      *stop = r;
-      r = 0;
-    }
-    if (r < 0 || *stop != ROUND_DONE)
-      break;
-    claims |= ws->piece[i].action == PLACE_PACKED ||
-      ws->piece[i].action == PLACE_SHARED || ws->piece[i].action == PLACE_NEW;
-    in_place |= ws->piece[i].action == PLACE_IN_PLACE;
-  }
-  if (r < 0) {
-    link_round (img, io, ctx, ws, first_gc, false);
-    pthread_rwlock_unlock (&img->lock);
-    return r;
-  }
-  if (claims)
-    qcow2_inflight_claim (&img->inflight, &claim, first_gc, first_gc + count);
-  if (in_place)
-    qcow2_inflight_enter (&img->inflight, &reg);
-  if (!claims && qcow2_too_much_dirty (img))
-    result->too_much_dirty = true;
-  pthread_rwlock_unlock (&img->lock);
-
-  r = write_round (img, io, ctx, ws);
-  if (in_place)
-    qcow2_inflight_leave (&img->inflight, &reg);
-  if (claims) {
-    pthread_rwlock_wrlock (&img->lock);
-    r2 = link_round (img, io, ctx, ws, first_gc, r == 0);
-    qcow2_inflight_unclaim (&img->inflight, &claim);
-    if (qcow2_too_much_dirty (img))
-      result->too_much_dirty = true;
-    pthread_rwlock_unlock (&img->lock);
-    if (r == 0)
-      r = r2;
-  }
-  if (r == 0)
-    *step = s;
-  return r;
+  for (pass = 0; pass < 2; ++pass)
+    for (i = 0; i < n; ++i)
+      if ((p->ctx->result[p->base + i] == 0) == (pass == 1))
+        p->order[k++] = i;
 }
 
-int
+enum change_outcome
 qcow2_compress_place (struct qcow2_image *img, struct qcow2_io *io,
                       struct compress_ctx *ctx, struct write_scratch *ws,
-                      uint64_t first_gc, size_t *step,
-                      struct change_result *result)
+                      uint64_t first_gc, struct change_result *result,
+                      int *error)
 {
-  unsigned verify_rounds = 0;
-  uint64_t ticket = 0;
-  size_t i;
-  int r = 0, stop;
+  const uint64_t l2_mask = (UINT64_C (1) << img->header.l2_bits) - 1;
+  struct placing p = { .ctx = ctx, .ws = ws };
+  const struct commit_policy policy = {
+    .decide = place_decide, .write = place_write, .linked = place_linked,
+    .order = p.order, .exclusive = true,
+  };
+  int r = 0;
 
   /* The metadata changes, and a FUA request writes it back. */
   result->needs_writeback = true;
-  if (*step == 0) {
-    for (i = 0; i < ctx->count; ++i)
-      ws->piece[i].entry = 0;
-    r = verify_copies (img, io, ctx, ws, first_gc, 0);
-  }
-  while (r == 0 && *step < 2 * ctx->count) {
-    r = place_round (img, io, ctx, ws, first_gc, step, verify_rounds, result,
-                     &stop, &ticket);
+  if (!ctx->verified) {
+    r = verify_copies (img, io, ctx, ws, first_gc);
     if (r < 0)
+      goto failed;
+    ctx->verified = true;
+  }
+  /* A commit per L2 table the batch touches, each run until all its
+   * clusters are placed.
+   */
+  while (p.base < ctx->count) {
+    uint64_t gc = first_gc + p.base;
+    size_t n = ctx->count - p.base, i;
+    struct commit commit;
+    bool all = true;
+
+    if (n > (l2_mask - (gc & l2_mask)) + 1)
+      n = (l2_mask - (gc & l2_mask)) + 1;
+    for (i = 0; i < n; ++i)
+      all &= ctx->placed[p.base + i];
+    if (all) {
+      p.base += n;
+      continue;
+    }
+    order_round (&p, n);
+    p.stop = PLACE_ON;
+    commit_init (&commit, img, io, gc, n, ws->piece, ws->entries, ws->l2buf);
+    switch (commit_run (&commit, &policy, &p)) {
+    case COMMIT_OK:
       break;
-    switch (stop) {
-    case ROUND_RECLAIM:
-      return QCOW2_RECLAIM;
-    case ROUND_COMPRESS:
-      r = compress_here (img, ctx, ws, *step % ctx->count);
-      break;
-    case ROUND_VERIFY:
-      verify_rounds++;
-      r = verify_copies (img, io, ctx, ws, first_gc, *step % ctx->count);
-      break;
-    case ROUND_WAIT:
-      qcow2_inflight_wait_claim (&img->inflight, ticket);
+    case COMMIT_NEEDS_ROOM:
+      result->too_much_dirty |= commit.too_much_dirty;
+      return CHANGE_NEEDS_ROOM;
+    case COMMIT_FAILED:
+      r = commit.error;
+      goto failed;
+    case COMMIT_STOPPED:
+      switch (p.stop) {
+      case PLACE_ON:
+        break;
+      case PLACE_COMPRESS:
+        r = compress_here (img, ctx, ws, p.stop_at);
+        break;
+      case PLACE_VERIFY:
+        p.verify_rounds++;
+        r = verify_copies (img, io, ctx, ws, first_gc);
+        break;
+      case PLACE_WAIT:
+        qcow2_inflight_wait_claim (&img->inflight, p.ticket);
+        break;
+      }
+      if (r < 0)
+        goto failed;
       break;
     }
+    result->too_much_dirty |= commit.too_much_dirty;
   }
-  return r;
+  return CHANGE_DONE;
+
+ failed:
+  *error = r;
+  return CHANGE_FAILED;
 }

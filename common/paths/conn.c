@@ -11,10 +11,13 @@
 #include <string.h>
 
 #include "paths/conn.h"
+#include "meta/crypt.h"
+#include "paths/compress.h"
+#include "base/lockorder.h"
+#include "base/pool.h"
 #include "format/codec.h"
 #include "format/crypto.h"
-#include "meta/hostio.h"
-#include "base/pool.h"
+#include "meta/log.h"
 
 struct qcow2_conn {
   struct qcow2_image *img;
@@ -22,7 +25,7 @@ struct qcow2_conn {
   size_t staging_size;
 
   /* Free lists, under LOCK. */
-  pthread_mutex_t lock;
+  struct qcow2_mutex lock;
   struct request *free_requests;
   struct compress_ctx *free_batches;
 
@@ -30,7 +33,7 @@ struct qcow2_conn {
    * into the cluster cache, in the pool, while the client works.
    */
   _Atomic uint64_t last_end;
-  pthread_mutex_t ra_lock;
+  struct qcow2_mutex ra_lock;       /* only ever tried */
   struct chunk *ra;
 };
 
@@ -44,13 +47,10 @@ thread_state_new (void *arg)
     return NULL;
   ts->dec = qcow2_decoder_new ();
   ts->scratch = malloc (img->header.cluster_size);
-  /* The image checked at open that its key makes a cipher. */
-  if (img->crypt.enabled)
-    ts->cipher = qcow2_sector_cipher_new (&img->crypt.spec,
-                                          img->crypt.master_key,
-                                          ts->err, sizeof ts->err);
+  if (qcow2_image_encrypted (img))
+    ts->cipher = qcow2_crypt_cipher_new (img);
   if (ts->dec == NULL || ts->scratch == NULL ||
-      (img->crypt.enabled && ts->cipher == NULL)) {
+      (qcow2_image_encrypted (img) && ts->cipher == NULL)) {
     qcow2_decoder_free (ts->dec);
     qcow2_sector_cipher_free (ts->cipher);
     free (ts->scratch);
@@ -115,11 +115,11 @@ qcow2_conn_request_get (struct qcow2_conn *conn)
   struct thread_state *ts;
   unsigned i;
 
-  pthread_mutex_lock (&conn->lock);
+  qcow2_mutex_lock (&conn->lock);
   req = conn->free_requests;
   if (req)
     conn->free_requests = req->next_free;
-  pthread_mutex_unlock (&conn->lock);
+  qcow2_mutex_unlock (&conn->lock);
   if (req)
     return req;
 
@@ -160,10 +160,10 @@ qcow2_conn_request_crypt_buf (struct qcow2_conn *conn, struct request *req)
 void
 qcow2_conn_request_put (struct qcow2_conn *conn, struct request *req)
 {
-  pthread_mutex_lock (&conn->lock);
+  qcow2_mutex_lock (&conn->lock);
   req->next_free = conn->free_requests;
   conn->free_requests = req;
-  pthread_mutex_unlock (&conn->lock);
+  qcow2_mutex_unlock (&conn->lock);
 }
 
 /* ----------------------------------------------------------- batches */
@@ -178,6 +178,8 @@ batch_free (struct compress_ctx *ctx)
   free (ctx->result);
   free (ctx->hash);
   free (ctx->dedup);
+  free (ctx->placed);
+  free (ctx->entry);
   free (ctx->out);
   pthread_cond_destroy (&ctx->finished);
   free (ctx);
@@ -192,11 +194,11 @@ qcow2_conn_batch_get (struct qcow2_conn *conn, size_t clusters)
   struct qcow2_image *img = conn->img;
   struct compress_ctx *ctx;
 
-  pthread_mutex_lock (&conn->lock);
+  qcow2_mutex_lock (&conn->lock);
   ctx = conn->free_batches;
   if (ctx)
     conn->free_batches = ctx->next_free;
-  pthread_mutex_unlock (&conn->lock);
+  qcow2_mutex_unlock (&conn->lock);
 
   if (ctx == NULL) {
     ctx = calloc (1, sizeof *ctx);
@@ -221,9 +223,16 @@ qcow2_conn_batch_get (struct qcow2_conn *conn, size_t clusters)
     uint64_t *dedup = realloc (ctx->dedup, clusters * sizeof *dedup);
     if (dedup)
       ctx->dedup = dedup;
+    uint8_t *placed = realloc (ctx->placed, clusters);
+    if (placed)
+      ctx->placed = placed;
+    uint64_t *entry = realloc (ctx->entry, clusters * sizeof *entry);
+    if (entry)
+      ctx->entry = entry;
     free (ctx->out);
     ctx->out = malloc (clusters * (size_t) img->header.cluster_size);
-    if (!src || !src_len || !result || !hash || !dedup || !ctx->out) {
+    if (!src || !src_len || !result || !hash || !dedup || !placed ||
+        !entry || !ctx->out) {
       batch_free (ctx);
       goto nomem;
     }
@@ -240,10 +249,10 @@ qcow2_conn_batch_get (struct qcow2_conn *conn, size_t clusters)
 void
 qcow2_conn_batch_put (struct qcow2_conn *conn, struct compress_ctx *ctx)
 {
-  pthread_mutex_lock (&conn->lock);
+  qcow2_mutex_lock (&conn->lock);
   ctx->next_free = conn->free_batches;
   conn->free_batches = ctx;
-  pthread_mutex_unlock (&conn->lock);
+  qcow2_mutex_unlock (&conn->lock);
 }
 
 /* -------------------------------------------------------------- pool */
@@ -278,7 +287,7 @@ qcow2_conn_continues (struct qcow2_conn *conn, uint64_t offset, uint64_t end)
 struct chunk *
 qcow2_conn_readahead_claim (struct qcow2_conn *conn)
 {
-  if (pthread_mutex_trylock (&conn->ra_lock) != 0)
+  if (!qcow2_mutex_trylock (&conn->ra_lock))
     return NULL;
   if (conn->ra == NULL) {
     conn->ra = calloc (1, sizeof *conn->ra);
@@ -288,7 +297,7 @@ qcow2_conn_readahead_claim (struct qcow2_conn *conn)
       conn->ra = NULL;
     }
     if (conn->ra == NULL) {
-      pthread_mutex_unlock (&conn->ra_lock);
+      qcow2_mutex_unlock (&conn->ra_lock);
       return NULL;
     }
     conn->ra->img = conn->img;
@@ -299,7 +308,7 @@ qcow2_conn_readahead_claim (struct qcow2_conn *conn)
 void
 qcow2_conn_readahead_release (struct qcow2_conn *conn)
 {
-  pthread_mutex_unlock (&conn->ra_lock);
+  qcow2_mutex_unlock (&conn->ra_lock);
 }
 
 /* --------------------------------------------------- new and free */
@@ -322,8 +331,10 @@ qcow2_conn_new (struct qcow2_image *img)
     free (conn);
     return NULL;
   }
-  pthread_mutex_init (&conn->lock, NULL);
-  pthread_mutex_init (&conn->ra_lock, NULL);
+  qcow2_mutex_init (&conn->lock, QCOW2_RANK_CONN,
+                    "a connection's free lists");
+  qcow2_mutex_init (&conn->ra_lock, QCOW2_RANK_READAHEAD,
+                    "a connection's readahead");
   return conn;
 }
 
@@ -356,7 +367,7 @@ qcow2_conn_free (struct qcow2_conn *conn)
     conn->free_batches = ctx->next_free;
     batch_free (ctx);
   }
-  pthread_mutex_destroy (&conn->ra_lock);
-  pthread_mutex_destroy (&conn->lock);
+  qcow2_mutex_destroy (&conn->ra_lock);
+  qcow2_mutex_destroy (&conn->lock);
   free (conn);
 }

@@ -13,7 +13,7 @@
  * the calls below.
  * Locks: the connection's lock guards its free lists, the readahead lock
  * (only ever tried) its readahead chunk; both are taken and released
- * inside each call.  Callers may hold the image lock (meta/types.h has
+ * inside each call.  Callers may hold the image lock (base/lockorder.h has
  * the order).
  * Needs: the pool, the codec (a decoder per thread), the ciphers (a
  * sector cipher per thread of an encrypted image), host I/O for
@@ -26,7 +26,44 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "meta/types.h"
+#include "meta/image.h"
+#include "paths/chunk.h"
+#include "paths/encrypt.h"
+
+struct qcow2_conn;
+struct compress_ctx;
+struct qcow2_decoder;
+
+/* What each thread that decodes keeps: a connection's pool workers, and
+ * each read request for its calling thread (paths/conn.c).
+ */
+struct thread_state {
+  struct qcow2_decoder *dec;
+  struct qcow2_sector_cipher *cipher;   /* encrypted images only */
+  uint8_t *scratch;             /* one cluster */
+  char err[256];
+};
+
+/* The state of one read in progress.  A connection keeps the ones it
+ * made on a free list, so concurrent reads of one connection each get
+ * their own without allocating on every request (made by paths/conn.c,
+ * used by paths/read.c).
+ */
+struct request {
+  struct request *next_free;
+  struct chunk chunk[2];
+  unsigned cur;
+  struct thread_state caller;
+  uint8_t *l2buf;
+
+  /* Encrypted images: the run being decrypted on the pool while the
+   * next one is read, and for writes, request_size bytes to encrypt the
+   * client's data into (made on first use).
+   */
+  struct sector_batch crypt;
+  uint8_t *crypt_buf;
+};
+
 
 /* The image the connection was made for. */
 struct qcow2_image *qcow2_conn_image (struct qcow2_conn *conn);

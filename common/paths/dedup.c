@@ -10,10 +10,13 @@
 #include <string.h>
 
 #include "paths/dedup.h"
+#include "base/lockorder.h"
 #include "format/codec.h"
 #include "meta/hostio.h"
+#include "meta/log.h"
 #include "meta/map.h"
 #include "meta/refcount.h"
+#include "paths/scratch.h"
 
 struct dedup_slot {
   uint64_t hash;
@@ -82,30 +85,42 @@ qcow2_dedup_hash (const uint8_t *data, size_t len)
   return h ^ (h >> 32);
 }
 
+/* Compressed clusters by the hash of their data (img->dedup). */
+struct qcow2_dedup {
+  struct qcow2_mutex lock;
+  struct dedup_slot *slots;
+  uint64_t mask;
+};
+
 int
 qcow2_dedup_init (struct qcow2_image *img)
 {
   uint64_t clusters = (img->header.virtual_size + img->header.cluster_size
                        - 1) >> img->header.cluster_bits;
   uint64_t slots = MIN_SLOTS;
-
-  struct dedup_slot *table;
+  struct qcow2_dedup *d = calloc (1, sizeof *d);
 
   while (slots < clusters && slots < MAX_SLOTS)
     slots <<= 1;
-  table = calloc (slots, sizeof *table);
-  if (table == NULL) {
+  if (d == NULL || (d->slots = calloc (slots, sizeof *d->slots)) == NULL) {
+    free (d);
     qcow2_error (img, "out of memory for the table of compressed clusters");
     return -ENOMEM;
   }
-  img->dedup = table;
-  img->dedup_mask = slots - 1;
+  d->mask = slots - 1;
+  qcow2_mutex_init (&d->lock, QCOW2_RANK_DEDUP,
+                    "the table of compressed clusters");
+  img->dedup = d;
   return 0;
 }
 
 void
 qcow2_dedup_free (struct qcow2_image *img)
 {
+  if (img->dedup == NULL)
+    return;
+  qcow2_mutex_destroy (&img->dedup->lock);
+  free (img->dedup->slots);
   free (img->dedup);
   img->dedup = NULL;
 }
@@ -119,27 +134,28 @@ qcow2_dedup_free (struct qcow2_image *img)
 static struct dedup_slot *
 set_of (struct qcow2_image *img, uint64_t hash)
 {
-  return &img->dedup[hash & img->dedup_mask & ~(uint64_t) (WAYS - 1)];
+  return &img->dedup->slots[hash & img->dedup->mask & ~(uint64_t) (WAYS - 1)];
 }
 
 uint64_t
 qcow2_dedup_find (struct qcow2_image *img, uint64_t hash, bool *pending)
 {
+  const struct dedup_slot *set;
   uint64_t entry = 0;
   unsigned way;
 
   *pending = false;
-  pthread_mutex_lock (&img->dedup_lock);
-  if (img->dedup) {
-    const struct dedup_slot *set = set_of (img, hash);
-    for (way = 0; way < WAYS; ++way)
-      if (set[way].entry && set[way].hash == hash) {
-        entry = set[way].entry;
-        *pending = set[way].pending;
-        break;
-      }
-  }
-  pthread_mutex_unlock (&img->dedup_lock);
+  if (img->dedup == NULL)
+    return 0;
+  qcow2_mutex_lock (&img->dedup->lock);
+  set = set_of (img, hash);
+  for (way = 0; way < WAYS; ++way)
+    if (set[way].entry && set[way].hash == hash) {
+      entry = set[way].entry;
+      *pending = set[way].pending;
+      break;
+    }
+  qcow2_mutex_unlock (&img->dedup->lock);
   return entry;
 }
 
@@ -147,26 +163,27 @@ void
 qcow2_dedup_remember (struct qcow2_image *img, uint64_t hash, uint64_t entry,
                       bool pending)
 {
+  struct dedup_slot *set;
   unsigned way, pick;
 
-  pthread_mutex_lock (&img->dedup_lock);
-  if (img->dedup) {
-    struct dedup_slot *set = set_of (img, hash);
-    /* The slot already holding HASH, else an empty one, else one picked
-     * by bits of the hash that did not choose the set.
-     */
-    pick = (hash >> 62) & (WAYS - 1);
-    for (way = WAYS; way-- > 0; )
-      if (set[way].entry == 0)
-        pick = way;
-    for (way = 0; way < WAYS; ++way)
-      if (set[way].entry && set[way].hash == hash)
-        pick = way;
-    set[pick] = (struct dedup_slot) {
-      .hash = hash, .entry = entry, .pending = pending,
-    };
-  }
-  pthread_mutex_unlock (&img->dedup_lock);
+  if (img->dedup == NULL)
+    return;
+  qcow2_mutex_lock (&img->dedup->lock);
+  set = set_of (img, hash);
+  /* The slot already holding HASH, else an empty one, else one picked by
+   * bits of the hash that did not choose the set.
+   */
+  pick = (hash >> 62) & (WAYS - 1);
+  for (way = WAYS; way-- > 0; )
+    if (set[way].entry == 0)
+      pick = way;
+  for (way = 0; way < WAYS; ++way)
+    if (set[way].entry && set[way].hash == hash)
+      pick = way;
+  set[pick] = (struct dedup_slot) {
+    .hash = hash, .entry = entry, .pending = pending,
+  };
+  qcow2_mutex_unlock (&img->dedup->lock);
 }
 
 /* The slot holding ENTRY for HASH, if the table still has it: marked
@@ -179,9 +196,11 @@ update_slot (struct qcow2_image *img, uint64_t hash, uint64_t entry,
   struct dedup_slot *set;
   unsigned way;
 
-  pthread_mutex_lock (&img->dedup_lock);
-  set = img->dedup ? set_of (img, hash) : NULL;
-  for (way = 0; set && way < WAYS; ++way)
+  if (img->dedup == NULL)
+    return;
+  qcow2_mutex_lock (&img->dedup->lock);
+  set = set_of (img, hash);
+  for (way = 0; way < WAYS; ++way)
     if (set[way].entry == entry && set[way].hash == hash) {
       if (forget)
         set[way] = (struct dedup_slot) { 0 };
@@ -189,7 +208,7 @@ update_slot (struct qcow2_image *img, uint64_t hash, uint64_t entry,
         set[way].pending = false;
       break;
     }
-  pthread_mutex_unlock (&img->dedup_lock);
+  qcow2_mutex_unlock (&img->dedup->lock);
 }
 
 void
@@ -265,7 +284,7 @@ qcow2_dedup_can_reference (struct qcow2_image *img, struct qcow2_io *io,
     if (r < 0)
       return r;
     /* Freed (and maybe handed out again), or no reference left to give. */
-    if (refcount == 0 || refcount >= img->rc.max_refcount)
+    if (refcount == 0 || refcount >= qcow2_refcount_max (img))
       return 0;
   }
   return 1;

@@ -34,7 +34,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "meta/types.h"
+#include "meta/image.h"
+
+struct write_scratch;
 
 /* A hash of LEN bytes of DATA. */
 uint64_t qcow2_dedup_hash (const uint8_t *data, size_t len);

@@ -16,7 +16,7 @@
 #include <pthread.h>
 
 #include "paths/conn.h"
-#include "meta/hostio.h"
+#include "meta/log.h"
 #include "meta/map.h"
 
 /* L2 entries fetched at a time (on the stack). */
@@ -187,7 +187,7 @@ qcow2_extents (struct qcow2_conn *conn, struct qcow2_io *io,
   req = qcow2_conn_request_get (conn);
   if (req == NULL)
     return -ENOMEM;
-  pthread_rwlock_rdlock (&img->lock);
+  qcow2_rwlock_rdlock (&img->lock);
 
   while (pos < end && r == 0) {
     uint64_t l1_index = pos >> l1_shift;
@@ -220,7 +220,7 @@ qcow2_extents (struct qcow2_conn *conn, struct qcow2_io *io,
     else if (pos > offset)
       r = 0;
   }
-  pthread_rwlock_unlock (&img->lock);
+  qcow2_rwlock_unlock (&img->lock);
   qcow2_conn_request_put (conn, req);
   return r;
 }

@@ -32,7 +32,9 @@
 #include "paths/chunk.h"
 #include "paths/conn.h"
 #include "paths/encrypt.h"
+#include "paths/run.h"
 #include "meta/hostio.h"
+#include "meta/log.h"
 #include "base/inflight.h"
 #include "meta/map.h"
 #include "paths/readahead.h"
@@ -40,29 +42,36 @@
 /* L2 entries fetched at a time (on the stack). */
 #define ENTRY_BATCH 512
 
-/* Read the pending run.  In an encrypted image its decryption then goes
- * to the pool, while the caller reads on; the previous run's must be
- * over first, as the request has one batch for it.
+/* One read in progress. */
+struct read_ctx {
+  struct qcow2_image *img;
+  struct qcow2_conn *conn;
+  struct qcow2_io *io;
+  struct request *req;
+  struct data_run run;          /* host-contiguous normal clusters */
+};
+
+/* The mover of a request's read runs: read the run.  In an encrypted
+ * image its decryption then goes to the pool, while the caller reads on;
+ * the previous run's must be over first, as the request has one batch
+ * for it.
  */
 static int
-run_flush (struct qcow2_conn *conn, struct request *req, struct qcow2_io *io)
+read_mover (struct data_run *run, void *opaque)
 {
-  struct qcow2_image *img = qcow2_conn_image (conn);
-  int r = 0;
+  struct read_ctx *rc = opaque;
+  struct qcow2_image *img = rc->img;
+  struct request *req = rc->req;
+  int r = qcow2_pread_clamped (img, rc->io, run->buf, run->len, run->host);
 
-  if (req->run_len) {
-    r = qcow2_pread_clamped (img, io, req->run_dst, req->run_len,
-                             req->run_host);
-    if (img->crypt.enabled) {
-      int r2 = qcow2_encrypt_finish (conn, &req->crypt, &req->caller);
-      if (r == 0)
-        r = r2;
-      if (r == 0)
-        qcow2_encrypt_start (conn, &req->crypt, &req->caller, false,
-                             req->run_dst, req->run_len, req->run_host);
-    }
+  if (qcow2_image_encrypted (img)) {
+    int r2 = qcow2_encrypt_finish (rc->conn, &req->crypt, &req->caller);
+    if (r == 0)
+      r = r2;
+    if (r == 0)
+      qcow2_encrypt_start (rc->conn, &req->crypt, &req->caller, false,
+                           run->buf, run->len, run->host);
   }
-  req->run_len = 0;
   return r;
 }
 
@@ -87,27 +96,19 @@ read_sectors_around (struct qcow2_image *img, struct request *req,
   return r;
 }
 
+/* LEN bytes of a normal cluster at HOST, for DST. */
 static int
-add_normal (struct qcow2_conn *conn, struct request *req,
-            struct qcow2_io *io, uint64_t host, uint8_t *dst, uint64_t len)
+add_normal (struct read_ctx *rc, uint64_t host, uint8_t *dst, uint64_t len)
 {
-  struct qcow2_image *img = qcow2_conn_image (conn);
-  int r;
+  struct qcow2_image *img = rc->img;
 
-  if (req->run_len && req->run_host + req->run_len == host &&
-      req->run_dst + req->run_len == dst &&
-      req->run_len + len <= img->opts.request_size &&
-      !(img->crypt.enabled && ((host | len) & 511))) {
-    req->run_len += len;
-    return 0;
+  if (qcow2_image_encrypted (img) && ((host | len) & 511)) {
+    int r = qcow2_run_flush (&rc->run);
+    if (r == 0)
+      r = read_sectors_around (img, rc->req, rc->io, host, dst, len);
+    return r;
   }
-  r = run_flush (conn, req, io);
-  if (r == 0 && img->crypt.enabled && ((host | len) & 511))
-    return read_sectors_around (img, req, io, host, dst, len);
-  req->run_host = host;
-  req->run_dst = dst;
-  req->run_len = len;
-  return r;
+  return qcow2_run_add (&rc->run, dst, host, len);
 }
 
 /* With extended L2 entries, read [LO, HI) of the cluster at CSTART
@@ -116,12 +117,11 @@ add_normal (struct qcow2_conn *conn, struct request *req,
  * the backing file or as zeros.  Runs of alike subclusters go together.
  */
 static int
-read_subclusters (struct qcow2_conn *conn, struct request *req,
-                  struct qcow2_io *io, const struct cluster_map *map,
+read_subclusters (struct read_ctx *rc, const struct cluster_map *map,
                   uint64_t bitmap, uint64_t cstart, uint64_t lo, uint64_t hi,
                   uint8_t *dst)
 {
-  struct qcow2_image *img = qcow2_conn_image (conn);
+  struct qcow2_image *img = rc->img;
   const uint64_t sub_size = img->header.cluster_size / 32;
   uint64_t pos = lo;
   int r = 0;
@@ -144,8 +144,7 @@ read_subclusters (struct qcow2_conn *conn, struct request *req,
     if (end > hi)
       end = hi;
     if (allocated)
-      r = add_normal (conn, req, io, map->host_offset + (pos - cstart),
-                      d, end - pos);
+      r = add_normal (rc, map->host_offset + (pos - cstart), d, end - pos);
     else if (!zero && img->backing)
       r = img->read_backing (img, d, end - pos, pos);
     else
@@ -163,6 +162,7 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
             uint8_t *buf, uint64_t count, uint64_t offset)
 {
   struct qcow2_image *img = qcow2_conn_image (conn);
+  struct read_ctx rc = { .img = img, .conn = conn, .io = io };
   const uint32_t bits = img->header.cluster_bits;
   const uint64_t cluster_size = img->header.cluster_size;
   const uint64_t end = offset + count;
@@ -187,8 +187,10 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
   if (req == NULL)
     return -ENOMEM;
   req->cur = 0;
-  req->run_len = 0;
-  atomic_fetch_add_explicit (&img->active_reads, 1, memory_order_relaxed);
+  rc.req = req;
+  rc.run = qcow2_run_new (img->opts.request_size, read_mover, &rc);
+  atomic_fetch_add_explicit (&img->counters.active_reads, 1,
+                             memory_order_relaxed);
 
   while (pos < end && r == 0) {
     uint64_t first = pos >> bits;
@@ -196,13 +198,13 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
     size_t n = last - first + 1 < ENTRY_BATCH ? last - first + 1 : ENTRY_BATCH;
     size_t i;
 
-    pthread_rwlock_rdlock (&img->lock);
+    qcow2_rwlock_rdlock (&img->lock);
     if (!registered) {
       qcow2_inflight_enter (&img->inflight, &reg);
       registered = true;
     }
     r = qcow2_l2_entries (img, io, first, &n, entries, bitmaps, req->l2buf);
-    pthread_rwlock_unlock (&img->lock);
+    qcow2_rwlock_unlock (&img->lock);
     for (i = 0; i < n && r == 0; ++i) {
       uint64_t cstart = (first + i) << bits;
       uint64_t lo = pos > cstart ? pos : cstart;
@@ -216,8 +218,8 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
       kinds[map.kind]++;
       if (img->header.extended_l2 && map.kind != CLUSTER_COMPRESSED) {
         if (buf)
-          r = read_subclusters (conn, req, io, &map, bitmaps[i], cstart,
-                                lo, hi, buf + (lo - offset));
+          r = read_subclusters (&rc, &map, bitmaps[i], cstart, lo, hi,
+                                buf + (lo - offset));
         pos = hi;
         continue;
       }
@@ -234,8 +236,8 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
         break;
       case CLUSTER_NORMAL:
         if (dst)
-          r = add_normal (conn, req, io, map.host_offset + (lo - cstart),
-                          dst, hi - lo);
+          r = add_normal (&rc, map.host_offset + (lo - cstart), dst,
+                          hi - lo);
         break;
       case CLUSTER_COMPRESSED:
         /* Served from the cluster cache if it is there (prefetched, or
@@ -261,7 +263,7 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
     }
   }
 
-  r2 = run_flush (conn, req, io);
+  r2 = qcow2_run_flush (&rc.run);
   if (r == 0)
     r = r2;
   r2 = qcow2_encrypt_finish (conn, &req->crypt, &req->caller);
@@ -294,7 +296,8 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
     r = r2;
   if (registered)
     qcow2_inflight_leave (&img->inflight, &reg);
-  atomic_fetch_sub_explicit (&img->active_reads, 1, memory_order_relaxed);
+  atomic_fetch_sub_explicit (&img->counters.active_reads, 1,
+                             memory_order_relaxed);
   qcow2_conn_request_put (conn, req);
   return r;
 }

@@ -44,10 +44,10 @@ qcow2_readahead (struct qcow2_conn *conn, struct request *req,
    * period): what it puts into the cache is checked against releases
    * applied since these entries were looked up.
    */
-  pthread_rwlock_rdlock (&img->lock);
+  qcow2_rwlock_rdlock (&img->lock);
   c->generation = atomic_load (&img->free_generation);
   r = qcow2_l2_entries (img, io, first, &n, entries, NULL, req->l2buf);
-  pthread_rwlock_unlock (&img->lock);
+  qcow2_rwlock_unlock (&img->lock);
   if (r < 0)
     goto out;
   for (i = 0; i < n && c->njobs < QCOW2_MAX_CHUNK_CLUSTERS; ++i) {

@@ -21,7 +21,10 @@
 
 #include <stdint.h>
 
-#include "meta/types.h"
+#include "meta/image.h"
+
+struct qcow2_conn;
+struct request;
 
 /* Guest bytes decoded ahead of a sequential reader; reads this long or
  * longer are not small.

@@ -6,13 +6,20 @@
 #include <config.h>
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdlib.h>
 
 #include "paths/scratch.h"
+#include "base/lockorder.h"
 #include "format/codec.h"
 #include "format/crypto.h"
-#include "meta/hostio.h"
+#include "meta/log.h"
+#include "meta/crypt.h"
+
+struct qcow2_scratch_list {
+  struct qcow2_mutex lock;      /* a leaf */
+  struct write_scratch *free;
+  uint8_t *zeros;               /* a cluster */
+};
 
 static void
 scratch_free (struct write_scratch *ws)
@@ -36,12 +43,8 @@ scratch_free (struct write_scratch *ws)
 static int
 make_cipher (struct qcow2_image *img, struct write_scratch *ws)
 {
-  char err[256];
-
   ws->sealed = malloc (img->header.cluster_size);
-  ws->cipher = qcow2_sector_cipher_new (&img->crypt.spec,
-                                        img->crypt.master_key,
-                                        err, sizeof err);
+  ws->cipher = qcow2_crypt_cipher_new (img);
   return ws->sealed && ws->cipher ? 0 : -ENOMEM;
 }
 
@@ -51,11 +54,11 @@ qcow2_scratch_get (struct qcow2_image *img)
   const size_t cluster_size = img->header.cluster_size;
   struct write_scratch *ws;
 
-  pthread_mutex_lock (&img->scratch_lock);
-  ws = img->free_scratch;
+  qcow2_mutex_lock (&img->scratch->lock);
+  ws = img->scratch->free;
   if (ws)
-    img->free_scratch = ws->next_free;
-  pthread_mutex_unlock (&img->scratch_lock);
+    img->scratch->free = ws->next_free;
+  qcow2_mutex_unlock (&img->scratch->lock);
   if (ws)
     return ws;
 
@@ -67,7 +70,7 @@ qcow2_scratch_get (struct qcow2_image *img)
     ws->l2buf = malloc (cluster_size);
     ws->dec = qcow2_decoder_new ();
     if (ws->cow[0] && ws->cow[1] && ws->compressed && ws->l2buf && ws->dec
-        && (!img->crypt.enabled || make_cipher (img, ws) == 0))
+        && (!qcow2_image_encrypted (img) || make_cipher (img, ws) == 0))
       return ws;
   }
   scratch_free (ws);
@@ -80,10 +83,10 @@ qcow2_scratch_put (struct qcow2_image *img, struct write_scratch *ws)
 {
   if (ws == NULL)
     return;
-  pthread_mutex_lock (&img->scratch_lock);
-  ws->next_free = img->free_scratch;
-  img->free_scratch = ws;
-  pthread_mutex_unlock (&img->scratch_lock);
+  qcow2_mutex_lock (&img->scratch->lock);
+  ws->next_free = img->scratch->free;
+  img->scratch->free = ws;
+  qcow2_mutex_unlock (&img->scratch->lock);
 }
 
 struct qcow2_encoder *
@@ -97,13 +100,41 @@ qcow2_scratch_encoder (struct qcow2_image *img, struct write_scratch *ws)
   return ws->enc;
 }
 
-void
-qcow2_scratch_free_all (struct qcow2_image *img)
+int
+qcow2_scratch_open (struct qcow2_image *img)
 {
+  struct qcow2_scratch_list *s = calloc (1, sizeof *s);
+
+  if (s == NULL || (s->zeros = calloc (1, img->header.cluster_size)) == NULL) {
+    free (s);
+    qcow2_error (img, "out of memory for the write state");
+    return -ENOMEM;
+  }
+  qcow2_mutex_init (&s->lock, QCOW2_RANK_LEAF, "the write buffers");
+  img->scratch = s;
+  return 0;
+}
+
+void
+qcow2_scratch_close (struct qcow2_image *img)
+{
+  struct qcow2_scratch_list *s = img->scratch;
   struct write_scratch *ws;
 
-  while ((ws = img->free_scratch) != NULL) {
-    img->free_scratch = ws->next_free;
+  if (s == NULL)
+    return;
+  while ((ws = s->free) != NULL) {
+    s->free = ws->next_free;
     scratch_free (ws);
   }
+  free (s->zeros);
+  qcow2_mutex_destroy (&s->lock);
+  free (s);
+  img->scratch = NULL;
+}
+
+const uint8_t *
+qcow2_scratch_zeros (const struct qcow2_image *img)
+{
+  return img->scratch->zeros;
 }

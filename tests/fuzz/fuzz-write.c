@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "qcow2.h"
-#include "meta/types.h"
+#include "meta/image.h"
 #include "format/entries.h"
 #include "meta/map.h"
 #include "meta/refcount.h"
@@ -35,48 +35,74 @@
  * of references to it (header, L1, refcount table and blocks, L2 tables,
  * data clusters, every host cluster a compressed range touches)?
  */
+struct refs {
+  uint32_t *count;
+  uint64_t nclusters;
+  unsigned bits;
+  bool ok;
+};
+
+static void
+ref (struct refs *refs, uint64_t offset)
+{
+  if ((offset >> refs->bits) < refs->nclusters)
+    refs->count[offset >> refs->bits]++;
+  else
+    refs->ok = false;
+}
+
+static int
+ref_block (void *opaque, uint64_t offset)
+{
+  ref (opaque, offset);
+  return 0;
+}
+
 static bool
 refcounts_cover_references (struct qcow2_image *img, struct qcow2_io *io)
 {
   const struct qcow2_header *h = &img->header;
   const uint32_t bits = h->cluster_bits;
   uint64_t nclusters = (img->file_size + h->cluster_size - 1) >> bits;
-  uint32_t *refs = calloc (nclusters + 1, sizeof *refs);
+  struct refs r = {
+    .count = calloc (nclusters + 1, sizeof *r.count),
+    .nclusters = nclusters, .bits = bits, .ok = true,
+  };
+  uint32_t *refs = r.count;
   uint8_t *l2 = malloc (h->cluster_size);
-  uint64_t i, j, c, refcount;
-  bool ok = true;
+  uint64_t i, j, c, refcount, rt_offset;
+  uint32_t rt_clusters;
+  bool ok;
 
   if (refs == NULL || l2 == NULL)
     abort ();
-#define REF(off) do { if (((off) >> bits) < nclusters) refs[(off) >> bits]++; \
-                      else ok = false; } while (0)
+#define REF(off) ref (&r, (off))
   REF (0);
-  for (c = 0; c < img->rc.table_clusters; ++c)
-    REF (img->rc.table_offset + (c << bits));
+  qcow2_refcount_table_location (img, &rt_offset, &rt_clusters);
+  for (c = 0; c < rt_clusters; ++c)
+    REF (rt_offset + (c << bits));
   for (c = 0; c < ((uint64_t) h->l1_size * 8 + h->cluster_size - 1) >> bits; ++c)
     REF (h->l1_table_offset + (c << bits));
-  for (i = 0; i < img->rc.table_entries; ++i)
-    if (img->rc.table[i] & RTE_OFFSET_MASK)
-      REF (img->rc.table[i] & RTE_OFFSET_MASK);
-  for (i = 0; ok && i < h->l1_size; ++i) {
-    uint64_t l2_offset = img->l1[i] & L1E_OFFSET_MASK;
+  qcow2_refcount_each_block (img, ref_block, &r);
+  for (i = 0; r.ok && i < h->l1_size; ++i) {
+    uint64_t l2_offset = qcow2_l1_entry (img, i) & L1E_OFFSET_MASK;
     if (l2_offset == 0)
       continue;
     REF (l2_offset);
     size_t n = (size_t) 1 << h->l2_bits;
     uint64_t entries[512];
-    for (j = 0; ok && j < n; j += 512) {
+    for (j = 0; r.ok && j < n; j += 512) {
       size_t got = n - j < 512 ? n - j : 512;
       if (qcow2_l2_entries (img, io, (i << h->l2_bits) + j, &got, entries,
                             NULL, l2) < 0) {
-        ok = false;
+        r.ok = false;
         break;
       }
-      for (size_t k = 0; ok && k < got; ++k) {
+      for (size_t k = 0; r.ok && k < got; ++k) {
         struct cluster_map map;
         if (qcow2_classify (img, (i << h->l2_bits) + j + k, entries[k],
                             &map) < 0) {
-          ok = false;
+          r.ok = false;
           break;
         }
         if (map.kind == CLUSTER_NORMAL ||
@@ -93,6 +119,7 @@ refcounts_cover_references (struct qcow2_image *img, struct qcow2_io *io)
     }
   }
 #undef REF
+  ok = r.ok;
   for (c = 0; ok && c < nclusters; ++c) {
     if (refs[c] == 0)
       continue;
@@ -143,9 +170,9 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   conn = qcow2_conn_new (img);
   if (conn == NULL)
     abort ();
-  pthread_rwlock_wrlock (&img->lock);
+  qcow2_rwlock_wrlock (&img->lock);
   was_consistent = refcounts_cover_references (img, io);
-  pthread_rwlock_unlock (&img->lock);
+  qcow2_rwlock_unlock (&img->lock);
 
   uint64_t vsize = img->header.virtual_size;
   for (unsigned i = 0; i < OPS && vsize > 0; ++i) {
@@ -167,12 +194,12 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   }
   qcow2_flush (img, io);
   if (was_consistent) {
-    pthread_rwlock_wrlock (&img->lock);
+    qcow2_rwlock_wrlock (&img->lock);
     if (!refcounts_cover_references (img, io)) {
       fprintf (stderr, "a cluster has fewer refcounts than references after writing\n");
       abort ();
     }
-    pthread_rwlock_unlock (&img->lock);
+    qcow2_rwlock_unlock (&img->lock);
   }
   qcow2_conn_free (conn);
   qcow2_image_close (img);

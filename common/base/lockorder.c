@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: the locks that check their order (see
+ * base/lockorder.h).
+ */
+
+#include <config.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/lockorder.h"
+
+void
+qcow2_mutex_init (struct qcow2_mutex *m, enum qcow2_lock_rank rank,
+                  const char *name)
+{
+  pthread_mutex_init (&m->m, NULL);
+  m->rank = rank;
+  m->name = name;
+}
+
+void
+qcow2_mutex_destroy (struct qcow2_mutex *m)
+{
+  pthread_mutex_destroy (&m->m);
+}
+
+void
+qcow2_rwlock_init (struct qcow2_rwlock *l, enum qcow2_lock_rank rank,
+                   const char *name)
+{
+  pthread_rwlockattr_t attr;
+
+  pthread_rwlockattr_init (&attr);
+  pthread_rwlockattr_setkind_np (&attr,
+                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init (&l->l, &attr);
+  pthread_rwlockattr_destroy (&attr);
+  l->rank = rank;
+  l->name = name;
+}
+
+void
+qcow2_rwlock_destroy (struct qcow2_rwlock *l)
+{
+  pthread_rwlock_destroy (&l->l);
+}
+
+#ifdef QCOW2_DEBUG
+
+/* The locks this thread holds, in the order taken.  No path of the
+ * engine holds more than a handful at once.
+ */
+#define MAX_HELD 16
+
+struct held {
+  const void *lock;
+  enum qcow2_lock_rank rank;
+  const char *name;
+  bool exclusive;
+};
+
+static __thread struct held held[MAX_HELD];
+static __thread unsigned nheld;
+
+static void __attribute__ ((noreturn))
+broken (const char *what, const char *name, enum qcow2_lock_rank rank)
+{
+  unsigned i;
+
+  fprintf (stderr, "qcow2zstd: lock order broken: %s %s (rank %d); this "
+           "thread holds:", what, name, (int) rank);
+  for (i = 0; i < nheld; ++i)
+    fprintf (stderr, " %s (rank %d)", held[i].name, (int) held[i].rank);
+  fprintf (stderr, "\n");
+  abort ();
+}
+
+/* Before waiting for LOCK: every lock held must rank below it. */
+static void
+check_order (const void *lock, enum qcow2_lock_rank rank, const char *name)
+{
+  unsigned i;
+
+  for (i = 0; i < nheld; ++i) {
+    if (held[i].lock == lock)
+      broken ("taking again", name, rank);
+    if (held[i].rank >= rank)
+      broken ("taking", name, rank);
+  }
+}
+
+static void
+push (const void *lock, enum qcow2_lock_rank rank, const char *name,
+      bool exclusive)
+{
+  if (nheld == MAX_HELD)
+    broken ("holding too many locks with", name, rank);
+  held[nheld++] = (struct held) { lock, rank, name, exclusive };
+}
+
+static void
+pop (const void *lock, const char *name)
+{
+  unsigned i;
+
+  for (i = nheld; i-- > 0; )
+    if (held[i].lock == lock) {
+      held[i] = held[--nheld];
+      return;
+    }
+  broken ("releasing a lock not held:", name, 0);
+}
+
+static const struct held *
+find (const void *lock)
+{
+  unsigned i;
+
+  for (i = 0; i < nheld; ++i)
+    if (held[i].lock == lock)
+      return &held[i];
+  return NULL;
+}
+
+void
+qcow2_mutex_lock (struct qcow2_mutex *m)
+{
+  check_order (m, m->rank, m->name);
+  pthread_mutex_lock (&m->m);
+  push (m, m->rank, m->name, true);
+}
+
+bool
+qcow2_mutex_trylock (struct qcow2_mutex *m)
+{
+  if (find (m))
+    broken ("trying again", m->name, m->rank);
+  if (pthread_mutex_trylock (&m->m) != 0)
+    return false;
+  push (m, m->rank, m->name, true);
+  return true;
+}
+
+void
+qcow2_mutex_unlock (struct qcow2_mutex *m)
+{
+  pop (m, m->name);
+  pthread_mutex_unlock (&m->m);
+}
+
+void
+qcow2_rwlock_rdlock (struct qcow2_rwlock *l)
+{
+  check_order (l, l->rank, l->name);
+  pthread_rwlock_rdlock (&l->l);
+  push (l, l->rank, l->name, false);
+}
+
+void
+qcow2_rwlock_wrlock (struct qcow2_rwlock *l)
+{
+  check_order (l, l->rank, l->name);
+  pthread_rwlock_wrlock (&l->l);
+  push (l, l->rank, l->name, true);
+}
+
+void
+qcow2_rwlock_unlock (struct qcow2_rwlock *l)
+{
+  pop (l, l->name);
+  pthread_rwlock_unlock (&l->l);
+}
+
+void
+qcow2_mutex_assert_held (const struct qcow2_mutex *m)
+{
+  if (find (m) == NULL)
+    broken ("a caller's contract: not holding", m->name, m->rank);
+}
+
+void
+qcow2_rwlock_assert_held (const struct qcow2_rwlock *l, bool exclusive)
+{
+  const struct held *h = find (l);
+
+  if (h == NULL || (exclusive && !h->exclusive))
+    broken (exclusive ? "a caller's contract: not holding exclusively"
+            : "a caller's contract: not holding", l->name, l->rank);
+}
+
+#endif /* QCOW2_DEBUG */
