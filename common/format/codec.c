@@ -182,22 +182,6 @@ decode_zstd (struct qcow2_decoder *dec, const uint8_t *in, size_t in_len,
   return decode_zstd_stream (dec, in, in_len, out, out_len, errbuf, errlen);
 }
 
-int
-qcow2_decode_cluster (struct qcow2_decoder *dec, enum qcow2_compression type,
-                      const uint8_t *in, size_t in_len,
-                      uint8_t *out, size_t out_len,
-                      char *errbuf, size_t errlen)
-{
-  switch (type) {
-  case QCOW2_COMPRESSION_ZLIB:
-    return decode_deflate (dec, in, in_len, out, out_len, errbuf, errlen);
-  case QCOW2_COMPRESSION_ZSTD:
-    return decode_zstd (dec, in, in_len, out, out_len, errbuf, errlen);
-  }
-  snprintf (errbuf, errlen, "unknown compression type %d", (int) type);
-  return -1;
-}
-
 struct qcow2_encoder {
   ZSTD_CCtx *zstd;
   int zstd_level;               /* what zstd is set up for, 0 if nothing */
@@ -350,39 +334,137 @@ encode_zstd (struct qcow2_encoder *enc, int level,
   return -1;
 }
 
+/* ------------------------------------------------------------ the table */
+
+static int
+zlib_max_level (void)
+{
+  return 9;
+}
+
+static int
+zstd_max_level (void)
+{
+  return ZSTD_maxCLevel ();
+}
+
+/* One compression type as qcow2 names it (the header's compression_type),
+ * and how the engine decodes and encodes its clusters.  The default zlib
+ * level is one below qemu's 6, which deflates clusters markedly faster
+ * for slightly larger output; zstd's is qemu's.
+ */
+struct codec {
+  enum qcow2_compression type;
+  const char *name;
+  int min_level, default_level;
+  int (*max_level) (void);
+  int (*decode) (struct qcow2_decoder *dec, const uint8_t *in, size_t in_len,
+                 uint8_t *out, size_t out_len, char *errbuf, size_t errlen);
+  int64_t (*encode) (struct qcow2_encoder *enc, int level, const uint8_t *in,
+                     size_t in_len, uint8_t *out, size_t out_cap,
+                     char *errbuf, size_t errlen);
+};
+
+static const struct codec codecs[] = {
+  { QCOW2_COMPRESSION_ZLIB, "zlib", 1, 5, zlib_max_level,
+    decode_deflate, encode_zlib },
+  { QCOW2_COMPRESSION_ZSTD, "zstd", 1, 3, zstd_max_level,
+    decode_zstd, encode_zstd },
+};
+
+static const struct codec *
+codec_of (enum qcow2_compression type)
+{
+  size_t i;
+
+  for (i = 0; i < sizeof codecs / sizeof codecs[0]; ++i)
+    if (codecs[i].type == type)
+      return &codecs[i];
+  return NULL;
+}
+
+int
+qcow2_decode_cluster (struct qcow2_decoder *dec, enum qcow2_compression type,
+                      const uint8_t *in, size_t in_len,
+                      uint8_t *out, size_t out_len,
+                      char *errbuf, size_t errlen)
+{
+  const struct codec *c = codec_of (type);
+
+  if (c == NULL) {
+    snprintf (errbuf, errlen, "unknown compression type %d", (int) type);
+    return -1;
+  }
+  return c->decode (dec, in, in_len, out, out_len, errbuf, errlen);
+}
+
 int64_t
 qcow2_encode_cluster (struct qcow2_encoder *enc, enum qcow2_compression type,
                       int level, const uint8_t *in, size_t in_len,
                       uint8_t *out, size_t out_cap,
                       char *errbuf, size_t errlen)
 {
-  if (type == QCOW2_COMPRESSION_ZSTD)
-    return encode_zstd (enc, level, in, in_len, out, out_cap, errbuf, errlen);
-  return encode_zlib (enc, level, in, in_len, out, out_cap, errbuf, errlen);
+  const struct codec *c = codec_of (type);
+
+  if (c == NULL) {
+    snprintf (errbuf, errlen, "unknown compression type %d", (int) type);
+    return -1;
+  }
+  return c->encode (enc, level, in, in_len, out, out_cap, errbuf, errlen);
 }
 
 int
 qcow2_compression_default_level (enum qcow2_compression type)
 {
-  /* zstd: qemu's level.  zlib: one below qemu's 6, which deflates
-   * clusters markedly faster for slightly larger output.
-   */
-  return type == QCOW2_COMPRESSION_ZSTD ? 3 : 5;
+  const struct codec *c = codec_of (type);
+
+  return c ? c->default_level : 0;
 }
 
 int
 qcow2_compression_level_range (enum qcow2_compression type,
                                int *min, int *max)
 {
-  if (type == QCOW2_COMPRESSION_ZSTD) {
-    *min = 1;
-    *max = ZSTD_maxCLevel ();
-  }
-  else {
-    *min = 1;
-    *max = 9;
-  }
+  const struct codec *c = codec_of (type);
+
+  if (c == NULL)
+    return -1;
+  *min = c->min_level;
+  *max = c->max_level ();
   return 0;
+}
+
+const char *
+qcow2_compression_name (enum qcow2_compression type)
+{
+  const struct codec *c = codec_of (type);
+
+  return c ? c->name : "unknown";
+}
+
+int
+qcow2_compression_by_name (const char *name, enum qcow2_compression *type)
+{
+  size_t i;
+
+  for (i = 0; i < sizeof codecs / sizeof codecs[0]; ++i)
+    if (strcmp (codecs[i].name, name) == 0) {
+      *type = codecs[i].type;
+      return 0;
+    }
+  return -1;
+}
+
+void
+qcow2_codec_names (char *buf, size_t len)
+{
+  size_t i, used = 0;
+
+  if (len)
+    buf[0] = '\0';
+  for (i = 0; i < sizeof codecs / sizeof codecs[0] && used < len; ++i)
+    used += snprintf (buf + used, len - used, "%s%s", i ? "," : "",
+                      codecs[i].name);
 }
 
 void
@@ -394,10 +476,4 @@ qcow2_codec_versions (char *buf, size_t len)
 #else
   snprintf (buf, len, "zlib=%s zstd=%s", zlibVersion (), ZSTD_versionString ());
 #endif
-}
-
-const char *
-qcow2_compression_name (enum qcow2_compression type)
-{
-  return type == QCOW2_COMPRESSION_ZSTD ? "zstd" : "zlib";
 }

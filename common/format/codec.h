@@ -53,17 +53,33 @@ int64_t qcow2_encode_cluster (struct qcow2_encoder *enc,
                               uint8_t *out, size_t out_cap,
                               char *errbuf, size_t errlen);
 
-/* Default and accepted levels for TYPE. */
+/* The codecs are a table (format/codec.c): a compression type the table
+ * does not hold is refused by every call below, never taken for
+ * another.
+ */
+
+/* Default and accepted levels for TYPE (the default 0 and the range -1
+ * for an unknown TYPE).
+ */
 int qcow2_compression_default_level (enum qcow2_compression type);
 int qcow2_compression_level_range (enum qcow2_compression type,
                                    int *min, int *max);
+
+/* The type named NAME ("zlib", "zstd"): 0, or -1 if there is none. */
+int qcow2_compression_by_name (const char *name,
+                               enum qcow2_compression *type);
+
+/* "zlib,zstd": the names of the codecs built in, into BUF. */
+void qcow2_codec_names (char *buf, size_t len);
 
 /* Write "zlib=1.2.13 zstd=1.5.4 libdeflate=1.14" into BUF: the codecs
  * built in and the versions of the libraries in use.
  */
 void qcow2_codec_versions (char *buf, size_t len);
 
-/* Name of a compression type for messages, "zlib" or "zstd". */
+/* Name of a compression type for messages, "zlib" or "zstd" ("unknown"
+ * for a type the table does not hold).
+ */
 const char *qcow2_compression_name (enum qcow2_compression type);
 
 #endif /* QCOW2_CODEC_H */
