@@ -26,7 +26,9 @@
 #include <string.h>
 
 #include "base/keycache.h"
+#include "format/codec.h"
 #include "format/crypto.h"
+#include "format/header.h"
 #include "format/endian.h"
 #include "format/luks.h"
 #include "meta/image.h"
@@ -195,6 +197,8 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   char msg[512];
   int64_t device_size;
   struct qcow2_image *img = NULL;
+  struct qcow2_header header;
+  size_t ext_pos;
   int r;
 
   *imagep = NULL;
@@ -322,25 +326,28 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
   if (r < 0)
     goto write_failed;
 
-  put_be32 (buf + 0, QCOW2_MAGIC);
-  put_be32 (buf + 4, 3);
-  put_be32 (buf + 20, bits);
-  put_be64 (buf + 24, create->virtual_size);
-  put_be32 (buf + 36, l1_size);
-  put_be64 (buf + 40, l1_size ? (1 + rt_clusters) << bits : 0);
-  put_be64 (buf + 48, cluster_size);
-  put_be32 (buf + 56, rt_clusters);
-  put_be64 (buf + 72, create->compression_type == QCOW2_COMPRESSION_ZSTD
-            ? QCOW2_INCOMPAT_COMPRESSION : 0);
-  put_be32 (buf + 96, 4);
-  put_be32 (buf + 100, CREATE_HEADER_LENGTH);
-  buf[104] = create->compression_type;
+  header = (struct qcow2_header) {
+    .version = 3, .cluster_bits = bits, .virtual_size = create->virtual_size,
+    .crypt_method = create->encrypt ? QCOW2_CRYPT_LUKS : QCOW2_CRYPT_NONE,
+    .l1_size = l1_size,
+    .l1_table_offset = l1_size ? (1 + rt_clusters) << bits : 0,
+    .refcount_table_offset = cluster_size,
+    .refcount_table_clusters = rt_clusters,
+    .incompatible_features =
+      create->compression_type == QCOW2_COMPRESSION_ZSTD
+      ? QCOW2_INCOMPAT_COMPRESSION : 0,
+    .refcount_order = 4, .header_length = CREATE_HEADER_LENGTH,
+    .compression_type = create->compression_type,
+  };
+  ext_pos = qcow2_header_build (&header, buf, HEADER_WRITE_BYTES);
   if (create->encrypt) {
-    put_be32 (buf + 32, 2);                     /* crypt_method: LUKS */
-    put_be32 (buf + CREATE_HEADER_LENGTH, QCOW2_EXT_CRYPTO);
-    put_be32 (buf + CREATE_HEADER_LENGTH + 4, 16);
-    put_be64 (buf + CREATE_HEADER_LENGTH + 8, lay.area_first << bits);
-    put_be64 (buf + CREATE_HEADER_LENGTH + 16, area_len);
+    uint8_t crypto_ext[16];
+
+    put_be64 (crypto_ext, lay.area_first << bits);
+    put_be64 (crypto_ext + 8, area_len);
+    qcow2_header_put_extension (buf, HEADER_WRITE_BYTES, &ext_pos,
+                                QCOW2_EXT_CRYPTO, crypto_ext,
+                                sizeof crypto_ext);
   }
   /* The rest of the first cluster was checked to be zeros above. */
   r = io->pwrite (io->opaque, buf, HEADER_WRITE_BYTES, 0);
@@ -369,8 +376,7 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
                ", cluster size %" PRIu64 ", %s%s, %" PRIu64 " bytes of "
                "metadata, room for %" PRIu64 " clusters",
                create->virtual_size, cluster_size,
-               create->compression_type == QCOW2_COMPRESSION_ZSTD
-               ? "zstd" : "zlib",
+               qcow2_compression_name (create->compression_type),
                create->encrypt ? ", LUKS-encrypted (aes-256-xts-plain64)" : "",
                lay.total_clusters << bits, host_clusters - lay.total_clusters);
   *imagep = img;

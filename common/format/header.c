@@ -63,6 +63,50 @@ qcow2_header_field (const struct qcow2_header *h,
   }
 }
 
+size_t
+qcow2_header_build (const struct qcow2_header *h, uint8_t *buf, size_t len)
+{
+  if (len < h->header_length || h->header_length < V3_MIN_HEADER_LENGTH)
+    return 0;
+  put_be32 (buf + OFF_MAGIC, QCOW2_MAGIC);
+  put_be32 (buf + OFF_VERSION, h->version);
+  put_be64 (buf + OFF_BACKING_OFFSET, h->backing_file_offset);
+  put_be32 (buf + OFF_BACKING_SIZE, h->backing_file_size);
+  put_be32 (buf + OFF_CLUSTER_BITS, h->cluster_bits);
+  put_be64 (buf + OFF_SIZE, h->virtual_size);
+  put_be32 (buf + OFF_CRYPT, h->crypt_method);
+  put_be32 (buf + OFF_L1_SIZE, h->l1_size);
+  put_be64 (buf + OFF_L1_OFFSET, h->l1_table_offset);
+  put_be64 (buf + OFF_REFTABLE_OFFSET, h->refcount_table_offset);
+  put_be32 (buf + OFF_REFTABLE_CLUSTERS, h->refcount_table_clusters);
+  put_be32 (buf + OFF_NB_SNAPSHOTS, h->nb_snapshots);
+  put_be64 (buf + OFF_SNAPSHOTS_OFFSET, h->snapshots_offset);
+  put_be64 (buf + OFF_INCOMPAT, h->incompatible_features);
+  put_be64 (buf + OFF_COMPAT, h->compatible_features);
+  put_be64 (buf + OFF_AUTOCLEAR, h->autoclear_features);
+  put_be32 (buf + OFF_REFCOUNT_ORDER, h->refcount_order);
+  put_be32 (buf + OFF_HEADER_LENGTH, h->header_length);
+  if (h->header_length > OFF_COMPRESSION_TYPE)
+    buf[OFF_COMPRESSION_TYPE] = h->compression_type;
+  return h->header_length;
+}
+
+int
+qcow2_header_put_extension (uint8_t *buf, size_t buflen, size_t *pos,
+                            uint32_t type, const void *data, uint32_t len)
+{
+  size_t padded = ((size_t) len + 7) & ~(size_t) 7;
+
+  if (*pos > buflen || buflen - *pos < 8 + padded)
+    return -1;
+  put_be32 (buf + *pos, type);
+  put_be32 (buf + *pos + 4, len);
+  memcpy (buf + *pos + 8, data, len);
+  memset (buf + *pos + 8 + len, 0, padded - len);
+  *pos += 8 + padded;
+  return 0;
+}
+
 /* Is [offset, offset+len) inside the file, without overflowing? */
 static bool
 inside_file (uint64_t offset, uint64_t len, uint64_t file_size)

@@ -129,6 +129,23 @@ void qcow2_header_field (const struct qcow2_header *h,
                          enum qcow2_header_field field,
                          struct qcow2_field_bytes *out);
 
+/* Build the header H describes into BUF (LEN bytes, at least
+ * H->header_length; a version 3 header): every field at its place, the
+ * rest of BUF left as it is.  Returns the header's length, where the
+ * extensions start (qcow2_header_put_extension).
+ */
+size_t qcow2_header_build (const struct qcow2_header *h, uint8_t *buf,
+                           size_t len);
+
+/* Put header extension TYPE with LEN bytes of DATA at *POS in BUF (BUFLEN
+ * bytes), padded to 8 bytes, and move *POS past it; the caller ends the
+ * list with an extension of type QCOW2_EXT_END (zeros).  0, or -1 if it
+ * does not fit.
+ */
+int qcow2_header_put_extension (uint8_t *buf, size_t buflen, size_t *pos,
+                                uint32_t type, const void *data,
+                                uint32_t len);
+
 /* Walk the header extensions.  Calls FN for each extension (type, data,
  * length) until it returns nonzero or the end marker.  Returns -1 with a
  * message in ERRBUF if an extension runs out of its space, else 0.
