@@ -82,10 +82,12 @@ check_order (const void *lock, enum qcow2_lock_rank rank, const char *name)
 {
   unsigned i;
 
+  if (rank == QCOW2_RANK_TRIED_ONLY)
+    broken ("waiting for a lock that is only ever tried:", name, rank);
   for (i = 0; i < nheld; ++i) {
     if (held[i].lock == lock)
       broken ("taking again", name, rank);
-    if (held[i].rank >= rank)
+    if (held[i].rank >= rank && held[i].rank != QCOW2_RANK_TRIED_ONLY)
       broken ("taking", name, rank);
   }
 }
@@ -124,69 +126,33 @@ find (const void *lock)
 }
 
 void
-qcow2_mutex_lock (struct qcow2_mutex *m)
+qcow2_lock_taking (const void *lock, enum qcow2_lock_rank rank,
+                   const char *name)
 {
-  check_order (m, m->rank, m->name);
-  pthread_mutex_lock (&m->m);
-  push (m, m->rank, m->name, true);
-}
-
-bool
-qcow2_mutex_trylock (struct qcow2_mutex *m)
-{
-  if (find (m))
-    broken ("trying again", m->name, m->rank);
-  if (pthread_mutex_trylock (&m->m) != 0)
-    return false;
-  push (m, m->rank, m->name, true);
-  return true;
+  check_order (lock, rank, name);
 }
 
 void
-qcow2_mutex_unlock (struct qcow2_mutex *m)
+qcow2_lock_taken (const void *lock, enum qcow2_lock_rank rank,
+                  const char *name, bool exclusive)
 {
-  pop (m, m->name);
-  pthread_mutex_unlock (&m->m);
+  push (lock, rank, name, exclusive);
 }
 
 void
-qcow2_rwlock_rdlock (struct qcow2_rwlock *l)
+qcow2_lock_released (const void *lock, const char *name)
 {
-  check_order (l, l->rank, l->name);
-  pthread_rwlock_rdlock (&l->l);
-  push (l, l->rank, l->name, false);
+  pop (lock, name);
 }
 
 void
-qcow2_rwlock_wrlock (struct qcow2_rwlock *l)
+qcow2_lock_assert_held (const void *lock, const char *name, bool exclusive)
 {
-  check_order (l, l->rank, l->name);
-  pthread_rwlock_wrlock (&l->l);
-  push (l, l->rank, l->name, true);
-}
-
-void
-qcow2_rwlock_unlock (struct qcow2_rwlock *l)
-{
-  pop (l, l->name);
-  pthread_rwlock_unlock (&l->l);
-}
-
-void
-qcow2_mutex_assert_held (const struct qcow2_mutex *m)
-{
-  if (find (m) == NULL)
-    broken ("a caller's contract: not holding", m->name, m->rank);
-}
-
-void
-qcow2_rwlock_assert_held (const struct qcow2_rwlock *l, bool exclusive)
-{
-  const struct held *h = find (l);
+  const struct held *h = find (lock);
 
   if (h == NULL || (exclusive && !h->exclusive))
     broken (exclusive ? "a caller's contract: not holding exclusively"
-            : "a caller's contract: not holding", l->name, l->rank);
+            : "a caller's contract: not holding", name, 0);
 }
 
 #endif /* QCOW2_DEBUG */

@@ -5,8 +5,9 @@
  * or a struct qcow2_rwlock made with its rank from the list below.  A
  * thread that holds a lock takes only locks of a higher rank, never one
  * of the same or a lower rank; a trylock may be tried at any time (it
- * cannot wait, so it cannot close a cycle).  Leaves are taken last and
- * hold no other lock inside.
+ * cannot wait, so it cannot close a cycle), and a lock that is only ever
+ * tried (QCOW2_RANK_TRIED_ONLY) orders nothing while it is held.  Leaves
+ * are taken last and hold no other lock inside.
  *
  * Built with --enable-debug (QCOW2_DEBUG), each thread keeps the
  * locks it holds and every lock call asserts the order: a break aborts
@@ -53,11 +54,8 @@ enum qcow2_lock_rank {
   QCOW2_RANK_IMAGE = 60,
   /* The table of compressed clusters by content (paths/dedup.c). */
   QCOW2_RANK_DEDUP = 70,
-  /* A connection's free lists (paths/conn.c), then its readahead (only
-   * ever tried).
-   */
+  /* A connection's free lists (paths/conn.c). */
   QCOW2_RANK_CONN = 80,
-  QCOW2_RANK_READAHEAD = 85,
   /* A pool's queue of batches (base/pool.c). */
   QCOW2_RANK_POOL = 90,
   /* A cache shard (base/cache.c). */
@@ -67,6 +65,12 @@ enum qcow2_lock_rank {
    * compressor threads, a key cache.
    */
   QCOW2_RANK_LEAF = 200,
+  /* A lock that is only ever tried, never waited for: a connection's
+   * readahead (paths/conn.c), which holds it while it looks up entries
+   * under the image lock.  Holding it orders nothing, as nobody waits
+   * for it.
+   */
+  QCOW2_RANK_TRIED_ONLY = 1000,
 };
 
 struct qcow2_mutex {
@@ -81,6 +85,12 @@ struct qcow2_rwlock {
   const char *name;
 };
 
+/* A mutex of static storage:
+ *     static struct qcow2_mutex m = QCOW2_MUTEX_INITIALIZER (RANK, "name");
+ */
+#define QCOW2_MUTEX_INITIALIZER(rank, lock_name) \
+  { PTHREAD_MUTEX_INITIALIZER, (rank), (lock_name) }
+
 /* NAME is a string literal naming the lock in a broken-order message. */
 void qcow2_mutex_init (struct qcow2_mutex *m, enum qcow2_lock_rank rank,
                        const char *name);
@@ -92,58 +102,102 @@ void qcow2_rwlock_init (struct qcow2_rwlock *l, enum qcow2_lock_rank rank,
                         const char *name);
 void qcow2_rwlock_destroy (struct qcow2_rwlock *l);
 
-#ifdef QCOW2_DEBUG
-void qcow2_mutex_lock (struct qcow2_mutex *m);
-bool qcow2_mutex_trylock (struct qcow2_mutex *m);
-void qcow2_mutex_unlock (struct qcow2_mutex *m);
-void qcow2_rwlock_rdlock (struct qcow2_rwlock *l);
-void qcow2_rwlock_wrlock (struct qcow2_rwlock *l);
-void qcow2_rwlock_unlock (struct qcow2_rwlock *l);
-/* Abort unless the calling thread holds M (an invariant of a caller's
- * contract, checked in debug builds only).
+/* The checks of debug builds (base/lockorder.c), called by the lock
+ * calls below around pthread's: before waiting for LOCK, once it is
+ * held (EXCLUSIVE: not a read lock), once it is let go.  Nothing in
+ * other builds.
  */
-void qcow2_mutex_assert_held (const struct qcow2_mutex *m);
-void qcow2_rwlock_assert_held (const struct qcow2_rwlock *l, bool exclusive);
+#ifdef QCOW2_DEBUG
+void qcow2_lock_taking (const void *lock, enum qcow2_lock_rank rank,
+                        const char *name);
+void qcow2_lock_taken (const void *lock, enum qcow2_lock_rank rank,
+                       const char *name, bool exclusive);
+void qcow2_lock_released (const void *lock, const char *name);
+/* Abort unless the calling thread holds LOCK (EXCLUSIVE: not as a read
+ * lock): an invariant of a caller's contract.
+ */
+void qcow2_lock_assert_held (const void *lock, const char *name,
+                             bool exclusive);
 #else
 static inline void
-qcow2_mutex_lock (struct qcow2_mutex *m)
-{
-  pthread_mutex_lock (&m->m);
-}
-static inline bool
-qcow2_mutex_trylock (struct qcow2_mutex *m)
-{
-  return pthread_mutex_trylock (&m->m) == 0;
-}
-static inline void
-qcow2_mutex_unlock (struct qcow2_mutex *m)
-{
-  pthread_mutex_unlock (&m->m);
-}
-static inline void
-qcow2_rwlock_rdlock (struct qcow2_rwlock *l)
-{
-  pthread_rwlock_rdlock (&l->l);
-}
-static inline void
-qcow2_rwlock_wrlock (struct qcow2_rwlock *l)
-{
-  pthread_rwlock_wrlock (&l->l);
-}
-static inline void
-qcow2_rwlock_unlock (struct qcow2_rwlock *l)
-{
-  pthread_rwlock_unlock (&l->l);
-}
-static inline void
-qcow2_mutex_assert_held (const struct qcow2_mutex *m)
+qcow2_lock_taking (const void *lock, enum qcow2_lock_rank rank,
+                   const char *name)
 {
 }
 static inline void
-qcow2_rwlock_assert_held (const struct qcow2_rwlock *l, bool exclusive)
+qcow2_lock_taken (const void *lock, enum qcow2_lock_rank rank,
+                  const char *name, bool exclusive)
+{
+}
+static inline void
+qcow2_lock_released (const void *lock, const char *name)
+{
+}
+static inline void
+qcow2_lock_assert_held (const void *lock, const char *name, bool exclusive)
 {
 }
 #endif
+
+static inline void
+qcow2_mutex_lock (struct qcow2_mutex *m)
+{
+  qcow2_lock_taking (m, m->rank, m->name);
+  pthread_mutex_lock (&m->m);
+  qcow2_lock_taken (m, m->rank, m->name, true);
+}
+
+/* True if M was free and is now held. */
+static inline bool
+qcow2_mutex_trylock (struct qcow2_mutex *m)
+{
+  if (pthread_mutex_trylock (&m->m) != 0)
+    return false;
+  qcow2_lock_taken (m, m->rank, m->name, true);
+  return true;
+}
+
+static inline void
+qcow2_mutex_unlock (struct qcow2_mutex *m)
+{
+  qcow2_lock_released (m, m->name);
+  pthread_mutex_unlock (&m->m);
+}
+
+static inline void
+qcow2_rwlock_rdlock (struct qcow2_rwlock *l)
+{
+  qcow2_lock_taking (l, l->rank, l->name);
+  pthread_rwlock_rdlock (&l->l);
+  qcow2_lock_taken (l, l->rank, l->name, false);
+}
+
+static inline void
+qcow2_rwlock_wrlock (struct qcow2_rwlock *l)
+{
+  qcow2_lock_taking (l, l->rank, l->name);
+  pthread_rwlock_wrlock (&l->l);
+  qcow2_lock_taken (l, l->rank, l->name, true);
+}
+
+static inline void
+qcow2_rwlock_unlock (struct qcow2_rwlock *l)
+{
+  qcow2_lock_released (l, l->name);
+  pthread_rwlock_unlock (&l->l);
+}
+
+static inline void
+qcow2_mutex_assert_held (const struct qcow2_mutex *m)
+{
+  qcow2_lock_assert_held (m, m->name, true);
+}
+
+static inline void
+qcow2_rwlock_assert_held (const struct qcow2_rwlock *l, bool exclusive)
+{
+  qcow2_lock_assert_held (l, l->name, exclusive);
+}
 
 /* pthread_cond_wait on M, which the caller holds; it holds it again on
  * return (and in debug builds still counts as holding it meanwhile).

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "meta/hostio.h"
+#include "base/check.h"
 #include "meta/regions.h"
 #include "meta/log.h"
 
@@ -54,6 +55,7 @@ pwrite_checked (struct qcow2_image *img, struct qcow2_io *io,
   }
   if (atomic_load_explicit (&img->first_change_pending,
                             memory_order_relaxed)) {
+    QCOW2_ASSERT (!atomic_load (&img->first_change_pending));
     qcow2_error (img, "internal error: a write of %" PRIu64 " bytes at 0x%"
                  PRIx64 " before the image's first change", len, offset);
     return -EIO;

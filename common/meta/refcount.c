@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "meta/refcount.h"
+#include "base/check.h"
 #include "format/header.h"
 #include "base/tablemap.h"
 #include "base/cleanup.h"
@@ -302,6 +303,7 @@ qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
   if (block == NULL) {
     if (delta < 0)
       goto underflow;
+    QCOW2_ASSERT (block != NULL);
     qcow2_error (img, "internal error: no refcount block for host cluster "
                  "0x%" PRIx64, cluster << img->header.cluster_bits);
     return -EIO;

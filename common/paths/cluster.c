@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "paths/cluster.h"
+#include "base/check.h"
 #include "paths/conn.h"
 #include "paths/run.h"
 #include "meta/map.h"
@@ -78,6 +79,7 @@ qcow2_write_mover (struct data_run *run, void *opaque)
       return r;
     }
     if (w->req == NULL) {
+      QCOW2_ASSERT (w->req != NULL);
       qcow2_error (img, "internal error: data for an encrypted image "
                    "without a buffer to encrypt it in");
       return -EIO;

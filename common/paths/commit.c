@@ -272,6 +272,7 @@ link (struct commit *commit, const struct commit_policy *policy,
       /* Made in step 1, and only the writeback lets a table go, once it
        * is written and clean, to load it again from disk.
        */
+      QCOW2_ASSERT (t != NULL);
       qcow2_error (img, "internal error: the L2 table of guest cluster %"
                    PRIu64 " went away", commit->first);
       r = -EIO;

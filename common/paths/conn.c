@@ -333,7 +333,7 @@ qcow2_conn_new (struct qcow2_image *img)
   }
   qcow2_mutex_init (&conn->lock, QCOW2_RANK_CONN,
                     "a connection's free lists");
-  qcow2_mutex_init (&conn->ra_lock, QCOW2_RANK_READAHEAD,
+  qcow2_mutex_init (&conn->ra_lock, QCOW2_RANK_TRIED_ONLY,
                     "a connection's readahead");
   return conn;
 }
