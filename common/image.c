@@ -79,33 +79,37 @@ build_regions (struct qcow2_image *img,
   uint32_t rt_clusters, i;
   int r;
 
+  /* What the header itself names first, then what the tables name: of
+   * two structures a damaged image puts in one cluster, the first stays
+   * its kind (meta/regions.h).
+   */
+  qcow2_refcount_table_location (img, &rt_offset, &rt_clusters);
   r = qcow2_regions_open (img);
   if (r == 0)
     r = qcow2_regions_add (img, QCOW2_REGION_HEADER, 0, h->cluster_size);
   if (r == 0)
+    r = qcow2_regions_add (img, QCOW2_REGION_REFCOUNT_TABLE, rt_offset,
+                           (uint64_t) rt_clusters << h->cluster_bits);
+  if (r == 0)
     r = qcow2_regions_add (img, QCOW2_REGION_L1, h->l1_table_offset,
                            (uint64_t) h->l1_size * 8);
+  if (r == 0 && snapshots && snapshots->count)
+    r = qcow2_regions_add (img, QCOW2_REGION_SNAPSHOT_TABLE,
+                           h->snapshots_offset, snapshots->table_bytes);
+  if (r == 0)
+    r = qcow2_regions_add (img, QCOW2_REGION_LUKS, img->luks_area_offset,
+                           img->luks_area_length);
+  if (r == 0)
+    r = qcow2_refcount_each_block (img, add_block_region, img);
   for (i = 0; i < h->l1_size && r == 0; ++i) {
     uint64_t l2 = qcow2_l1_entry (img, i) & L1E_OFFSET_MASK;
     if (l2)
       r = qcow2_regions_add (img, QCOW2_REGION_L2, l2, h->cluster_size);
   }
-  qcow2_refcount_table_location (img, &rt_offset, &rt_clusters);
-  if (r == 0)
-    r = qcow2_regions_add (img, QCOW2_REGION_REFCOUNT_TABLE, rt_offset,
-                           (uint64_t) rt_clusters << h->cluster_bits);
-  if (r == 0)
-    r = qcow2_refcount_each_block (img, add_block_region, img);
-  if (r == 0 && snapshots && snapshots->count)
-    r = qcow2_regions_add (img, QCOW2_REGION_SNAPSHOT_TABLE,
-                           h->snapshots_offset, snapshots->table_bytes);
   for (i = 0; snapshots && i < snapshots->count && r == 0; ++i)
     r = qcow2_regions_add (img, QCOW2_REGION_SNAPSHOT_L1,
                            snapshots->snapshots[i].l1_table_offset,
                            (uint64_t) snapshots->snapshots[i].l1_size * 8);
-  if (r == 0)
-    r = qcow2_regions_add (img, QCOW2_REGION_LUKS, img->luks_area_offset,
-                           img->luks_area_length);
   if (r < 0)
     qcow2_error (img, "out of memory for the list of metadata regions");
   return r;

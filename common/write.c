@@ -89,6 +89,11 @@ check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
     qcow2_error (img, "the image was opened read-only");
     return -EROFS;
   }
+  if (atomic_load (&img->corrupt)) {
+    qcow2_error (img, "the image is marked corrupt: writes are refused "
+                 "(check it with qemu-img check -r all); reads go on");
+    return -EIO;
+  }
   if (offset > img->header.virtual_size ||
       count > img->header.virtual_size - offset) {
     qcow2_error (img, "request of %" PRIu64 " bytes at %" PRIu64

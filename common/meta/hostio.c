@@ -11,6 +11,7 @@
 #include "meta/hostio.h"
 #include "base/check.h"
 #include "meta/regions.h"
+#include "meta/corrupt.h"
 #include "meta/log.h"
 
 int
@@ -46,8 +47,20 @@ pwrite_checked (struct qcow2_image *img, struct qcow2_io *io,
                 uint64_t offset)
 {
   uint64_t size = atomic_load (&img->file_size);
+  enum qcow2_region other;
+  uint64_t where;
   int r;
 
+  if (atomic_load (&img->corrupt)) {
+    qcow2_error (img, "a write of %" PRIu64 " bytes of %s at host offset 0x%"
+                 PRIx64 " is refused: the image is marked corrupt", len,
+                 qcow2_region_name (kind), offset);
+    return -EIO;
+  }
+  other = qcow2_regions_overlap (img, kind, offset, len, &where);
+  if (other != QCOW2_REGION_NONE)
+    return qcow2_corrupt_overlap (img, io, kind, other, where, offset, len,
+                                  UINT64_MAX);
   if (offset > size || len > size - offset) {
     qcow2_error (img, "internal error: write of %" PRIu64 " bytes at 0x%"
                  PRIx64 " would go past the end of the file", len, offset);

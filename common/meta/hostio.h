@@ -6,8 +6,12 @@
  * and turn a failure into a sentence in the image's log.  A write says
  * what it writes: guest data (plain, compressed, copied on write,
  * encrypted: qcow2_pwrite_data) or metadata of one kind
- * (qcow2_pwrite_meta), so that it can be checked against the list of
- * metadata regions before it goes out (meta/regions.h).
+ * (qcow2_pwrite_meta), and is checked against the list of metadata
+ * regions before it goes out (meta/regions.h): guest data may land on no
+ * metadata, metadata only on its own kind (or on clusters the list does
+ * not hold yet, new ones).  A write that would land elsewhere marks the
+ * image corrupt and fails with -EIO, writing nothing (meta/corrupt.h);
+ * once the image is marked, every write fails so.
  *
  * Offers: qcow2_pread_clamped, qcow2_pwrite_data, qcow2_pwrite_meta,
  * qcow2_flush_logged.

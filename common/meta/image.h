@@ -97,6 +97,10 @@ struct qcow2_image {
    * with it held, or by meta/hostio.c's check of every write).
    */
   atomic_bool first_change_pending;
+  /* The engine found the image damaged while writing it, and marked it
+   * corrupt: no write reaches the file any more (meta/corrupt.h).
+   */
+  atomic_bool corrupt;
   /* Bumped (meta/release.c) before released clusters' cache entries are
    * dropped, so that a decode started before the release cannot put
    * them back (paths/chunk.c) and a copy verified before it is not

@@ -12,6 +12,7 @@
 #include "base/cleanup.h"
 #include "format/entries.h"
 #include "meta/alloc.h"
+#include "meta/corrupt.h"
 #include "meta/dirty.h"
 #include "meta/log.h"
 #include "meta/map.h"
@@ -116,6 +117,14 @@ qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
                    "reserved bits, unaligned or outside the file",
                    l1_index, l1e);
       return -EIO;
+    }
+    if (!qcow2_regions_is (img, QCOW2_REGION_L2, offset)) {
+      enum qcow2_region other = qcow2_regions_kind (img,
+                                                    offset >> h->cluster_bits);
+      return qcow2_mark_corrupt (img, io, "L1 entry %" PRIu64 " names the "
+                                 "%s at host offset 0x%" PRIx64 " as its L2 "
+                                 "table", l1_index,
+                                 qcow2_region_name (other), offset);
     }
     r = table_shared (img, io, l1_index, l1e, offset, &shared, &refcount);
     if (r < 0)

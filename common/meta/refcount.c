@@ -21,8 +21,10 @@
 #include "base/cleanup.h"
 #include "format/endian.h"
 #include "format/entries.h"
+#include "meta/corrupt.h"
 #include "meta/hostio.h"
 #include "meta/log.h"
+#include "meta/regions.h"
 
 /* The refcounts in memory, loaded when the image is opened for writing. */
 struct qcow2_refcounts {
@@ -247,6 +249,14 @@ get_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index,
   if (off == 0)
     return 0;
   t = tablemap_find (&rc->blocks, off);
+  if (t == NULL && !qcow2_regions_is (img, QCOW2_REGION_REFCOUNT_BLOCK, off))
+    return qcow2_mark_corrupt (img, io, "refcount table entry %" PRIu64
+                               " names the %s at host offset 0x%" PRIx64
+                               " as a refcount block", rt_index,
+                               qcow2_region_name
+                               (qcow2_regions_kind (img, off >>
+                                                    img->header.cluster_bits)),
+                               off);
   if (t == NULL) {
     t = malloc (sizeof *t + img->header.cluster_size);
     if (t == NULL) {
@@ -311,13 +321,12 @@ qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
   value = entry_get (block->data, index, rc->width_order);
   if (delta < 0 && value < (uint64_t) -delta)
     goto underflow;
-  if (delta > 0 && rc->max_refcount - value < (uint64_t) delta) {
-    qcow2_error (img, "refcount of host cluster 0x%" PRIx64 " would exceed "
-                 "%" PRIu64 " (refcount_order %u)",
-                 cluster << img->header.cluster_bits, rc->max_refcount,
-                 rc->width_order);
-    return -ERANGE;
-  }
+  if (delta > 0 && rc->max_refcount - value < (uint64_t) delta)
+    return qcow2_mark_corrupt (img, io, "the refcount of host cluster 0x%"
+                               PRIx64 " would exceed %" PRIu64
+                               " (refcount_order %u)",
+                               cluster << img->header.cluster_bits,
+                               rc->max_refcount, rc->width_order);
   value += delta;
   entry_set (block->data, index, rc->width_order, value);
   block->dirty = true;
@@ -326,10 +335,9 @@ qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
   return 0;
 
  underflow:
-  qcow2_error (img, "refcount of host cluster 0x%" PRIx64 " would drop "
-               "below zero: the image's refcounts are corrupt",
-               cluster << img->header.cluster_bits);
-  return -EIO;
+  return qcow2_mark_corrupt (img, io, "the refcount of host cluster 0x%"
+                             PRIx64 " would drop below zero",
+                             cluster << img->header.cluster_bits);
 }
 
 int

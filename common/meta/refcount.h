@@ -64,8 +64,8 @@ int qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
 /* Add DELTA to the refcount of CLUSTER and, if NOW is not NULL, set *NOW
  * to the new count.  To count up, the cluster's block must exist (the
  * allocator makes blocks; everyone else only adds to clusters already
- * counted).  -EIO if the count would drop below zero, -ERANGE above the
- * refcount width, after logging.
+ * counted).  A count that would drop below zero or go past the refcount
+ * width marks the image corrupt (meta/corrupt.h): -EIO.
  */
 int qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
                         uint64_t cluster, int delta, uint64_t *now);

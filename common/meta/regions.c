@@ -19,7 +19,16 @@ struct slot {
   uint8_t kind;
 };
 
+/* In a slot's kind: a second structure of another kind claims the
+ * cluster too (a damaged image).
+ */
+#define CLAIMED_TWICE 0x80
+
 struct qcow2_regions {
+  /* Writes check the list with no image lock held (meta/hostio.c): a
+   * leaf, held only inside each call.
+   */
+  struct qcow2_rwlock lock;
   struct slot *slots;
   uint64_t capacity;                /* a power of two, or 0 */
   uint64_t count;
@@ -50,7 +59,11 @@ int
 qcow2_regions_open (struct qcow2_image *img)
 {
   img->regions = calloc (1, sizeof *img->regions);
-  return img->regions ? 0 : -ENOMEM;
+  if (img->regions == NULL)
+    return -ENOMEM;
+  qcow2_rwlock_init (&img->regions->lock, QCOW2_RANK_LEAF,
+                     "the list of metadata regions");
+  return 0;
 }
 
 void
@@ -58,6 +71,7 @@ qcow2_regions_close (struct qcow2_image *img)
 {
   if (img->regions == NULL)
     return;
+  qcow2_rwlock_destroy (&img->regions->lock);
   free (img->regions->slots);
   free (img->regions);
   img->regions = NULL;
@@ -128,16 +142,24 @@ qcow2_regions_add (struct qcow2_image *img, enum qcow2_region kind,
   const unsigned bits = img->header.cluster_bits;
   uint64_t c, first, last;
 
+  struct slot *s;
+
   QCOW2_ASSERT (kind != QCOW2_REGION_NONE && kind < QCOW2_REGION_KINDS);
   if (r == NULL || length == 0)
     return 0;
   first = offset >> bits;
   last = (offset + length - 1) >> bits;
-  if (reserve (r, last - first + 1) < 0)
+  qcow2_rwlock_wrlock (&r->lock);
+  if (reserve (r, last - first + 1) < 0) {
+    qcow2_rwlock_unlock (&r->lock);
     return -ENOMEM;
+  }
   for (c = first; c <= last; ++c)
-    if (find (r, c + 1) == NULL)
+    if ((s = find (r, c + 1)) == NULL)
       put (r, c + 1, kind);
+    else if ((s->kind & ~CLAIMED_TWICE) != kind)
+      s->kind |= CLAIMED_TWICE;
+  qcow2_rwlock_unlock (&r->lock);
   return 0;
 }
 
@@ -145,11 +167,17 @@ void
 qcow2_regions_remove (struct qcow2_image *img, uint64_t cluster)
 {
   struct qcow2_regions *r = img->regions;
-  struct slot *s = r ? find (r, cluster + 1) : NULL;
+  struct slot *s;
   uint64_t hole, i, want;
 
-  if (s == NULL)
+  if (r == NULL)
     return;
+  qcow2_rwlock_wrlock (&r->lock);
+  s = find (r, cluster + 1);
+  if (s == NULL) {
+    qcow2_rwlock_unlock (&r->lock);
+    return;
+  }
   /* Shift back the entries after the hole that probed past it. */
   hole = s - r->slots;
   r->slots[hole].key = 0;
@@ -164,15 +192,30 @@ qcow2_regions_remove (struct qcow2_image *img, uint64_t cluster)
       hole = i;
     }
   }
+  qcow2_rwlock_unlock (&r->lock);
+}
+
+/* The kind of CLUSTER with the CLAIMED_TWICE bit, with the lock held. */
+static uint8_t
+raw_kind (const struct qcow2_regions *r, uint64_t cluster)
+{
+  const struct slot *s = find (r, cluster + 1);
+
+  return s ? s->kind : QCOW2_REGION_NONE;
 }
 
 enum qcow2_region
 qcow2_regions_kind (const struct qcow2_image *img, uint64_t cluster)
 {
-  const struct slot *s = img->regions ? find (img->regions, cluster + 1)
-    : NULL;
+  struct qcow2_regions *r = img->regions;
+  uint8_t kind;
 
-  return s ? (enum qcow2_region) s->kind : QCOW2_REGION_NONE;
+  if (r == NULL)
+    return QCOW2_REGION_NONE;
+  qcow2_rwlock_rdlock (&r->lock);
+  kind = raw_kind (r, cluster);
+  qcow2_rwlock_unlock (&r->lock);
+  return kind & ~CLAIMED_TWICE;
 }
 
 enum qcow2_region
@@ -180,21 +223,42 @@ qcow2_regions_overlap (const struct qcow2_image *img,
                        enum qcow2_region allowed,
                        uint64_t offset, uint64_t length, uint64_t *where)
 {
+  struct qcow2_regions *r = img->regions;
   const unsigned bits = img->header.cluster_bits;
+  enum qcow2_region found = QCOW2_REGION_NONE;
   uint64_t c, last;
-  enum qcow2_region kind;
+  uint8_t kind;
 
-  if (img->regions == NULL || img->regions->count == 0 || length == 0)
+  if (r == NULL || length == 0)
     return QCOW2_REGION_NONE;
   last = (offset + length - 1) >> bits;
-  for (c = offset >> bits; c <= last; ++c) {
-    kind = qcow2_regions_kind (img, c);
+  qcow2_rwlock_rdlock (&r->lock);
+  for (c = offset >> bits; c <= last && r->count; ++c) {
+    kind = raw_kind (r, c);
+    /* A cluster two structures claim is the right kind for neither. */
     if (kind != QCOW2_REGION_NONE && kind != allowed) {
       *where = c << bits;
-      return kind;
+      found = kind & ~CLAIMED_TWICE;
+      break;
     }
   }
-  return QCOW2_REGION_NONE;
+  qcow2_rwlock_unlock (&r->lock);
+  return found;
+}
+
+bool
+qcow2_regions_is (const struct qcow2_image *img, enum qcow2_region kind,
+                  uint64_t offset)
+{
+  struct qcow2_regions *r = img->regions;
+  uint8_t found;
+
+  if (r == NULL)
+    return true;
+  qcow2_rwlock_rdlock (&r->lock);
+  found = raw_kind (r, offset >> img->header.cluster_bits);
+  qcow2_rwlock_unlock (&r->lock);
+  return found == kind;
 }
 
 uint64_t

@@ -17,13 +17,20 @@
  * Two uses: the allocator never hands out a cluster the list holds, even
  * if a damaged refcount says it is free; and every write to the image
  * file says what it writes (meta/hostio.h), and is checked against the
- * list before it goes out.
+ * list before it goes out, as qemu's overlap checks do (meta/corrupt.h).
+ *
+ * A damaged image may name one cluster as two structures (an L1 entry
+ * pointing at the refcount table).  The list is built from the most
+ * trusted names first (the header's fields, then the tables' entries),
+ * and such a cluster keeps its first kind, marked claimed twice: it is
+ * then the right place for neither structure, and every check that asks
+ * for one kind there fails.
  *
  * Offers: the region kinds and their names, building, adding, removing
  * and finding regions.
- * Locks: changed with the image lock held exclusively; looked up with it
- * held (shared is enough), or by a write whose clusters its caller keeps
- * from changing kind (it claimed them, or holds the writeback lock).
+ * Locks: changed with the image lock held exclusively; looked up with or
+ * without it (a write checks with none).  A lock of its own, a leaf,
+ * inside each call.
  * Needs: nothing but the image's geometry.
  */
 #ifndef QCOW2_REGIONS_H
@@ -80,13 +87,20 @@ enum qcow2_region qcow2_regions_kind (const struct qcow2_image *img,
                                       uint64_t cluster);
 
 /* The first cluster of [OFFSET, OFFSET+LENGTH) that holds metadata of a
- * kind other than ALLOWED (QCOW2_REGION_NONE for guest data): its kind,
- * and its host offset in *WHERE; QCOW2_REGION_NONE if there is none.
+ * kind other than ALLOWED (QCOW2_REGION_NONE for guest data), or that
+ * two structures claim: its kind, and its host offset in *WHERE;
+ * QCOW2_REGION_NONE if there is none.
  */
 enum qcow2_region qcow2_regions_overlap (const struct qcow2_image *img,
                                          enum qcow2_region allowed,
                                          uint64_t offset, uint64_t length,
                                          uint64_t *where);
+
+/* Is the cluster at host OFFSET of KIND, and claimed by nothing else?
+ * (True on an image opened read-only: there is no list.)
+ */
+bool qcow2_regions_is (const struct qcow2_image *img, enum qcow2_region kind,
+                       uint64_t offset);
 
 /* How many clusters the list holds. */
 uint64_t qcow2_regions_count (const struct qcow2_image *img);

@@ -12,10 +12,12 @@
 #include "format/endian.h"
 #include "format/entries.h"
 #include "meta/alloc.h"
+#include "meta/corrupt.h"
 #include "meta/first-change.h"
 #include "meta/l2table.h"
 #include "meta/log.h"
 #include "meta/pack.h"
+#include "meta/regions.h"
 #include "meta/release.h"
 #include "meta/writeback.h"
 
@@ -89,16 +91,60 @@ no_room (struct commit *commit, int r)
   return failed (commit, r);
 }
 
-/* Before a decision that changes metadata or writes data: the lock held
- * exclusively, the image's first change made, and the L2 table ready
- * for change (made, if the L1 entry has none).
+/* The host bytes MAP names must be guest data: an entry that names
+ * metadata is damage, and a change where it leads would write there, or
+ * release it.  The image is marked corrupt then (meta/corrupt.h), before
+ * anything of the commit is written.  GUEST_CLUSTER: for the message.
  */
 static enum commit_step
-prepare (struct commit *commit, bool needs_table)
+check_data (struct commit *commit, const struct cluster_map *map,
+            uint64_t guest_cluster)
 {
   struct qcow2_image *img = commit->img;
+  enum qcow2_region other;
+  uint64_t start, len, where;
+
+  switch (map->kind) {
+  case CLUSTER_UNALLOCATED:
+    return COMMIT_STEP_NEXT;
+  case CLUSTER_ZERO:
+  case CLUSTER_NORMAL:
+    if (map->host_offset == 0)
+      return COMMIT_STEP_NEXT;
+    start = map->host_offset;
+    len = img->header.cluster_size;
+    break;
+  case CLUSTER_COMPRESSED:
+    qcow2_compressed_span (map, &start, &len);
+    break;
+  default:
+    return COMMIT_STEP_NEXT;
+  }
+  other = qcow2_regions_overlap (img, QCOW2_REGION_NONE, start, len, &where);
+  if (other == QCOW2_REGION_NONE)
+    return COMMIT_STEP_NEXT;
+  return failed (commit,
+                 qcow2_corrupt_overlap (img, commit->io, QCOW2_REGION_NONE,
+                                        other, where, start, len,
+                                        guest_cluster <<
+                                        img->header.cluster_bits));
+}
+
+/* Before a decision that changes cluster I's metadata or writes its
+ * data: what it held is guest data, the lock is held exclusively, the
+ * image's first change is made, and the L2 table is ready for change
+ * (made, if the L1 entry has none).
+ */
+static enum commit_step
+prepare (struct commit *commit, size_t i, bool needs_table)
+{
+  struct qcow2_image *img = commit->img;
+  enum commit_step step = check_data (commit, &commit->c[i].old,
+                                      commit->first + i);
   int r;
 
+  if (step != COMMIT_STEP_NEXT)
+    return step;
   if (!commit->exclusive)
     return COMMIT_STEP_EXCLUSIVE;
   r = qcow2_first_change (img, commit->io);
@@ -122,9 +168,9 @@ put_entry (struct commit *commit, struct meta_table *t, size_t i,
 }
 
 enum commit_step
-commit_prepare (struct commit *commit)
+commit_prepare (struct commit *commit, size_t i)
 {
-  return prepare (commit, true);
+  return prepare (commit, i, true);
 }
 
 enum commit_step
@@ -137,7 +183,7 @@ commit_keep (struct commit *commit, size_t i)
 enum commit_step
 commit_set_entry (struct commit *commit, size_t i, uint64_t entry)
 {
-  enum commit_step step = prepare (commit, true);
+  enum commit_step step = prepare (commit, i, true);
   int r;
 
   if (step != COMMIT_STEP_NEXT)
@@ -152,11 +198,16 @@ commit_set_entry (struct commit *commit, size_t i, uint64_t entry)
 enum commit_step
 commit_in_place (struct commit *commit, size_t i)
 {
+  enum commit_step step = check_data (commit, &commit->c[i].old,
+                                      commit->first + i);
+
+  if (step != COMMIT_STEP_NEXT)
+    return step;
   if (!commit->exclusive &&
       atomic_load (&commit->img->first_change_pending))
     return COMMIT_STEP_EXCLUSIVE;
   if (commit->exclusive) {
-    enum commit_step step = prepare (commit, false);
+    step = prepare (commit, i, false);
     if (step != COMMIT_STEP_NEXT)
       return step;
   }
@@ -167,7 +218,7 @@ commit_in_place (struct commit *commit, size_t i)
 enum commit_step
 commit_new_cluster (struct commit *commit, size_t i)
 {
-  enum commit_step step = prepare (commit, true);
+  enum commit_step step = prepare (commit, i, true);
   int r;
 
   if (step != COMMIT_STEP_NEXT)
@@ -182,7 +233,7 @@ commit_new_cluster (struct commit *commit, size_t i)
 enum commit_step
 commit_reuse_kept (struct commit *commit, size_t i)
 {
-  enum commit_step step = prepare (commit, true);
+  enum commit_step step = prepare (commit, i, true);
 
   if (step != COMMIT_STEP_NEXT)
     return step;
@@ -194,7 +245,7 @@ commit_reuse_kept (struct commit *commit, size_t i)
 enum commit_step
 commit_pack (struct commit *commit, size_t i, uint64_t len)
 {
-  enum commit_step step = prepare (commit, true);
+  enum commit_step step = prepare (commit, i, true);
   uint64_t host;
   int r;
 
@@ -213,8 +264,17 @@ commit_pack (struct commit *commit, size_t i, uint64_t len)
 enum commit_step
 commit_link_entry (struct commit *commit, size_t i, uint64_t entry)
 {
-  enum commit_step step = prepare (commit, true);
+  enum commit_step step = prepare (commit, i, true);
+  struct cluster_map shared;
+  int r;
 
+  if (step != COMMIT_STEP_NEXT)
+    return step;
+  /* What it is to share must be guest data too. */
+  r = qcow2_classify (commit->img, commit->first + i, entry, &shared);
+  if (r < 0)
+    return failed (commit, r);
+  step = check_data (commit, &shared, commit->first + i);
   if (step != COMMIT_STEP_NEXT)
     return step;
   commit->c[i].host = 0;

@@ -181,18 +181,22 @@ enum commit_outcome commit_run (struct commit *commit,
 /* ------------------------------------------------------- the decisions
  *
  * Called by a policy's decide for cluster I; each returns what decide
- * returns for it (COMMIT_STEP_NEXT once decided).  Those that change
- * metadata answer COMMIT_STEP_EXCLUSIVE with the lock held shared, and
- * those that allocate COMMIT_STEP_STOP with commit->needs_room set when
- * a writeback would make room.
+ * returns for it (COMMIT_STEP_NEXT once decided).  Every one but
+ * commit_keep first checks that what the cluster held is guest data, not
+ * metadata (a damaged entry): else the image is marked corrupt
+ * (meta/corrupt.h) and the commit fails with -EIO, having written
+ * nothing.  Those that change metadata answer COMMIT_STEP_EXCLUSIVE with
+ * the lock held shared, and those that allocate COMMIT_STEP_STOP with
+ * commit->needs_room set when a writeback would make room.
  */
 
-/* Ready for a decision that changes metadata (the lock held
- * exclusively, the image's first change made, the L2 table ready): for a
- * policy that must do something of its own first that cannot be taken
- * back, such as taking a reference to a copy it shares.
+/* Ready for a decision that changes cluster I (what it held checked to be
+ * guest data, the lock held exclusively, the image's first change made,
+ * the L2 table ready): for a policy that must do something of its own
+ * first that cannot be taken back, such as taking a reference to a copy
+ * it shares.
  */
-enum commit_step commit_prepare (struct commit *commit);
+enum commit_step commit_prepare (struct commit *commit, size_t i);
 
 /* It stays as it is. */
 enum commit_step commit_keep (struct commit *commit, size_t i);

@@ -365,7 +365,7 @@ share_verified (struct commit *commit, size_t i, struct placing *p, size_t b)
   /* The reference is taken once nothing else can fail before the entry
    * is set.
    */
-  step = commit_prepare (commit);
+  step = commit_prepare (commit, i);
   if (step != COMMIT_STEP_NEXT)
     return step;
   r = qcow2_dedup_reference (img, commit->io, ctx->dedup[b]);
@@ -397,7 +397,7 @@ place_compressed (struct commit *commit, size_t i, struct placing *p,
     if (r < 0)
       return fail (commit, r);
     if (r == 1 && batch_has_copy (ctx, b, entry)) {
-      step = commit_prepare (commit);
+      step = commit_prepare (commit, i);
       if (step != COMMIT_STEP_NEXT)
         return step;
       r = qcow2_dedup_reference (img, commit->io, entry);
