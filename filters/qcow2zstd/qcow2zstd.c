@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-filter: serve the guest disk inside a qcow2 image.
  *
- * The nbdkit callbacks.  This file and its two neighbours are only glue:
- * params.c parses the parameters, images.c keeps one engine image per
- * export and adapts nbdkit's next backend to the engine's struct
- * qcow2_io; everything about qcow2 is in common/.
+ * The nbdkit callbacks.  next-io.c adapts the plugin under the filter
+ * to the engine's struct qcow2_io; the rest is the glue both forms
+ * share (nbdkit-glue/: the parameters, the registry of images, the
+ * locks), and everything about qcow2 is in common/.
  */
 
 #include <config.h>
@@ -15,16 +15,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2zstd.h"
+#include "next-io.h"
+#include "glue.h"
+#include "params.h"
+#include "registry.h"
 
+/* Set once, in .config_complete; only read afterwards. */
+static struct glue_options options;
 
 struct handle {
   char *exportname;
-  struct shared_image *shared;
+  struct registry_image *image;
+  struct qcow2_image *engine;
   struct qcow2_conn *conn;
   bool writable;
   bool plugin_can_flush;        /* flush and FUA are offered only then */
-  /* Held for reading by .cache, for writing by .finalize: see there. */
+  /* Front-end lock 1 (nbdkit-glue/README.md): held for reading by
+   * .cache, for writing by .finalize (see there), above every other
+   * lock: .finalize holds it across the connection's last flush and the
+   * registry_release that may close the image, .cache across a
+   * prefetch.
+   */
   pthread_rwlock_t finalize_lock;
 };
 
@@ -37,13 +48,13 @@ qcow2zstd_load (void)
 static void
 qcow2zstd_cleanup (nbdkit_backend *backend)
 {
-  images_cleanup ();
+  registry_cleanup ();
 }
 
 static void
 qcow2zstd_unload (void)
 {
-  images_unload ();
+  registry_unload ();
   params_unload ();
 }
 
@@ -60,7 +71,7 @@ static int
 qcow2zstd_config_complete (nbdkit_next_config_complete *next,
                            nbdkit_backend *nxdata)
 {
-  if (params_complete () == -1)
+  if (params_complete (&options) == -1)
     return -1;
   return next (nxdata);
 }
@@ -109,6 +120,34 @@ say_no_flush (void)
                   "when they return)");
 }
 
+/* Open (or join) the image of H's export through NEXT.  The filter
+ * locks the local file the plugin under it was given, when it is the
+ * one served (locks.h).
+ */
+static int
+acquire_image (nbdkit_next *next, struct handle *h, bool writable)
+{
+  char *path = params_local_image (&options, h->exportname);
+  struct registry_storage storage = {
+    .next_io = next_io (next),
+    .confirm = next_serves_file,
+    .confirm_opaque = next,
+  };
+
+  if (options.engine.locking != QCOW2_LOCK_OFF) {
+    if (path)
+      storage.lock_path = path;
+    else
+      nbdkit_debug ("qcow2zstd: export '%s': the plugin serves no local "
+                    "file named by file= or dir=, so the image is not "
+                    "locked (other users of it cannot be detected)",
+                    h->exportname);
+  }
+  h->image = registry_acquire (&options, h->exportname, writable, &storage);
+  free (path);
+  return h->image ? 0 : -1;
+}
+
 static int
 qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
 {
@@ -132,16 +171,15 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
   /* The export's first connection decides whether the image is opened
    * for writing: yes unless nbdkit -r or a plugin that cannot write.
    */
-  h->shared = images_acquire (next, h->exportname,
-                              !readonly && plugin_can_write == 1);
-  if (h->shared == NULL)
+  if (acquire_image (next, h, !readonly && plugin_can_write == 1) == -1)
     return -1;
+  h->engine = registry_engine (h->image);
   h->writable = !readonly && plugin_can_write == 1 &&
-    qcow2_image_writable (images_engine (h->shared));
+    qcow2_image_writable (h->engine);
   h->plugin_can_flush = plugin_can_flush == 1;
   if (h->writable && !h->plugin_can_flush)
     say_no_flush ();
-  h->conn = qcow2_conn_new (images_engine (h->shared));
+  h->conn = qcow2_conn_new (h->engine);
   if (h->conn == NULL)
     return -1;
   return 0;
@@ -162,16 +200,16 @@ qcow2zstd_finalize (nbdkit_next *next, void *handle)
   pthread_rwlock_wrlock (&h->finalize_lock);
   qcow2_conn_free (h->conn);
   h->conn = NULL;
-  if (h->shared) {
+  if (h->image) {
     /* Every connection that can write flushes: the export's last one to
      * leave may be one that cannot.  Errors were logged; what is on disk
      * is consistent either way.
      */
-    struct qcow2_io io = IO_FOR (next);
+    struct qcow2_io io = next_io (next);
     if (h->writable)
-      qcow2_flush (images_engine (h->shared), &io);
-    images_release (h->shared, h->writable ? &io : NULL);
-    h->shared = NULL;
+      qcow2_flush (h->engine, &io);
+    registry_release (h->image, h->writable ? &io : NULL);
+    h->image = NULL;
   }
   pthread_rwlock_unlock (&h->finalize_lock);
   return 0;
@@ -184,8 +222,8 @@ qcow2zstd_close (void *handle)
 
   /* finalize is skipped when prepare failed part way. */
   qcow2_conn_free (h->conn);
-  if (h->shared)
-    images_release (h->shared, NULL);
+  if (h->image)
+    registry_release (h->image, NULL);
   pthread_rwlock_destroy (&h->finalize_lock);
   free (h->exportname);
   free (h);
@@ -195,7 +233,7 @@ static int64_t
 qcow2zstd_get_size (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
-  return qcow2_image_header (images_engine (h->shared))->virtual_size;
+  return qcow2_image_header (h->engine)->virtual_size;
 }
 
 static int
@@ -205,7 +243,7 @@ qcow2zstd_block_size (nbdkit_next *next, void *handle,
 {
   struct handle *h = handle;
 
-  glue_block_size (images_engine (h->shared), minimum, preferred, maximum);
+  glue_block_size (h->engine, minimum, preferred, maximum);
   return 0;
 }
 
@@ -283,7 +321,7 @@ qcow2zstd_pread (nbdkit_next *next, void *handle,
                  uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
   return glue_result (qcow2_read (h->conn, &io, buf, count, offset), err);
 }
@@ -294,7 +332,7 @@ qcow2zstd_pwrite (nbdkit_next *next, void *handle,
                   uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
   return glue_result (qcow2_write (h->conn, &io, buf, count, offset,
                                    flags & NBDKIT_FLAG_FUA), err);
@@ -305,9 +343,9 @@ qcow2zstd_zero (nbdkit_next *next, void *handle,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
-  return glue_result (qcow2_zero (images_engine (h->shared), &io, count,
+  return glue_result (qcow2_zero (h->engine, &io, count,
                                   offset, flags & NBDKIT_FLAG_FAST_ZERO,
                                   flags & NBDKIT_FLAG_FUA), err);
 }
@@ -317,9 +355,9 @@ qcow2zstd_trim (nbdkit_next *next, void *handle,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
-  return glue_result (qcow2_trim (images_engine (h->shared), &io, count,
+  return glue_result (qcow2_trim (h->engine, &io, count,
                                   offset, flags & NBDKIT_FLAG_FUA), err);
 }
 
@@ -327,9 +365,9 @@ static int
 qcow2zstd_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
-  return glue_result (qcow2_flush (images_engine (h->shared), &io), err);
+  return glue_result (qcow2_flush (h->engine, &io), err);
 }
 
 static int
@@ -338,7 +376,7 @@ qcow2zstd_extents (nbdkit_next *next, void *handle,
                    struct nbdkit_extents *extents, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
   /* A client asking for one extent is served by the first run. */
   return glue_result (qcow2_extents (h->conn, &io, offset, count,
@@ -350,7 +388,7 @@ qcow2zstd_cache (nbdkit_next *next, void *handle,
                  uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
   int r = 0;
 
   /* A prefetch is only advice: after .finalize there is nothing to do. */

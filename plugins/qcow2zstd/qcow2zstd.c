@@ -24,30 +24,22 @@
 #include <nbdkit-plugin.h>
 
 #include "glue.h"
-#include "locks.h"
 #include "params.h"
+#include "registry.h"
 #include "qcow2-fileio.h"
 
 
+/* Set while nbdkit configures; only read afterwards. */
 static char *filename;
-
-/* One image for all connections, opened by the first, closed (after a
- * final flush) with the last.  Its lock stays until nbdkit exits.
- */
-static pthread_mutex_t image_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct qcow2_image *image;
-static struct qcow2_io file_io;
-static unsigned users;
-static bool created;
-static bool stats_logged;      /* by the cleanup, before the last close */
+static struct glue_options options;
 
 struct handle {
+  struct registry_image *image; /* one for all connections (registry.h) */
+  struct qcow2_image *engine;
+  struct qcow2_io *io;          /* the image file, the registry's */
   struct qcow2_conn *conn;
   bool readonly;
 };
-
-/* The engine's messages name the file: set with it. */
-static struct qcow2_log engine_log;
 
 static void
 qcow2zstd_load (void)
@@ -58,7 +50,7 @@ qcow2zstd_load (void)
 static void
 qcow2zstd_unload (void)
 {
-  locks_release_all ();
+  registry_unload ();
   free (filename);
   params_unload ();
 }
@@ -137,7 +129,7 @@ read_header (struct qcow2_header *h)
 static int
 check_create_target (const struct stat *st)
 {
-  size_t cluster_size = (size_t) 1 << create_options.cluster_bits;
+  size_t cluster_size = (size_t) 1 << options.create_options.cluster_bits;
   uint8_t *buf;
   ssize_t n = -1;
   size_t i;
@@ -199,7 +191,7 @@ pass_warning (void *opaque, const char *msg)
 static int
 check_secrets (const struct qcow2_header *h)
 {
-  struct qcow2_options opts = engine_options;
+  struct qcow2_options opts = options.engine;
   char msg[1024] = "";
   struct qcow2_log log = {
     .opaque = msg, .error = keep_message, .warning = pass_warning,
@@ -208,7 +200,7 @@ check_secrets (const struct qcow2_header *h)
   struct qcow2_image *img;
   int r;
 
-  if (h->crypt_method != 2 && engine_options.snapshot == NULL)
+  if (h->crypt_method != 2 && options.engine.snapshot == NULL)
     return 0;
   if (qcow2_fileio_open (filename, false, &io) < 0)
     return 0;
@@ -240,7 +232,7 @@ check_file (void)
   int r;
 
   if (stat (filename, &st) == -1) {
-    if (errno == ENOENT && create_requested) {
+    if (errno == ENOENT && options.create) {
       /* qcow2-create makes it, in a directory that must let it. */
       char *dir = strdup (filename), *slash;
       if (dir == NULL)
@@ -267,23 +259,24 @@ check_file (void)
     return -1;
   }
   /* A snapshot is served read-only: its file needs no write access. */
-  writes = params_readonly == 0 && engine_options.snapshot == NULL;
+  writes = options.readonly == 0 && options.engine.snapshot == NULL;
   if (writes && access (filename, W_OK) == -1) {
     nbdkit_error ("qcow2zstd: %s: %m (serve it read-only with -r)",
                   filename);
     return -1;
   }
-  if (create_requested) {
+  if (options.create) {
     if (check_create_target (&st) == -1)
       return -1;
   }
   else if (read_header (&h) == -1 ||
-           (engine_options.compress &&
-            params_check_level (h.compression_type) == -1) ||
+           (options.engine.compress &&
+            params_check_level (&options, h.compression_type) == -1) ||
            check_secrets (&h) == -1)
     return -1;
   /* Locked from here until nbdkit exits, as qemu-nbd locks. */
-  return locks_hold_image (NULL, filename, writes, NULL, NULL);
+  return locks_hold_image (options.engine.locking, NULL, filename, writes,
+                           NULL, NULL);
 }
 
 static int
@@ -293,9 +286,7 @@ qcow2zstd_config_complete (void)
     nbdkit_error ("the image file was not given: nbdkit qcow2zstd FILE");
     return -1;
   }
-  engine_log = glue_engine_log (filename);
-  engine_options.growable = true;
-  if (params_complete () == -1)
+  if (params_complete (&options) == -1)
     return -1;
   return check_file ();
 }
@@ -309,83 +300,30 @@ qcow2zstd_thread_model (void)
   return NBDKIT_THREAD_MODEL_PARALLEL;
 }
 
-/* Open the image for the first connection.  Called with image_lock. */
-static int
-open_image (int readonly)
-{
-  struct qcow2_options opts = engine_options;
-  int r, fd;
-
-  /* A snapshot is served read-only, and its file may be read-only. */
-  readonly |= opts.snapshot != NULL;
-  opts.writable = !readonly;
-  if (create_requested && !created && !readonly) {
-    /* qcow2-create makes the file if it is not there. */
-    fd = open (filename, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd == -1) {
-      nbdkit_error ("qcow2-create: %s: %m", filename);
-      return -1;
-    }
-    close (fd);
-  }
-  /* Locked before anything is read (at start-up, unless the file was
-   * only made now or is written for the first time), until nbdkit exits.
-   */
-  if (locks_hold_image (NULL, filename, !readonly, NULL, NULL) < 0)
-    return -1;
-  r = qcow2_fileio_open (filename, !readonly, &file_io);
-  if (r < 0) {
-    nbdkit_error ("%s: %s", filename, strerror (-r));
-    return -1;
-  }
-  if (create_requested && !created) {
-    if (readonly) {
-      nbdkit_error ("qcow2-create: cannot create an image read-only "
-                    "(nbdkit -r)");
-      r = -EROFS;
-    }
-    else
-      r = qcow2_create (&file_io, &engine_log, &create_options, &opts, &image);
-    if (r == 0)
-      created = true;
-  }
-  else
-    r = qcow2_image_open (&file_io, &engine_log, &opts, &image);
-  if (r == 0 && locks_hold_backing (NULL, image) < 0) {
-    qcow2_image_close (image);
-    image = NULL;
-    r = -1;
-  }
-  if (r < 0) {
-    qcow2_fileio_close (&file_io);
-    return -1;
-  }
-  return 0;
-}
-
 static void *
 qcow2zstd_open (int readonly)
 {
   struct handle *h = calloc (1, sizeof *h);
-  int r = 0;
+  const struct registry_storage storage = {
+    .own_file = filename,
+    .lock_path = filename,
+  };
 
   if (h == NULL) {
     nbdkit_error ("calloc: %m");
     return NULL;
   }
   h->readonly = readonly;
-  pthread_mutex_lock (&image_lock);
-  if (image == NULL)
-    r = open_image (readonly);
-  if (r == 0)
-    users++;
-  pthread_mutex_unlock (&image_lock);
-  if (r < 0) {
+  h->image = registry_acquire (&options, "", !readonly, &storage);
+  if (h->image == NULL) {
     free (h);
     return NULL;
   }
-  h->conn = qcow2_conn_new (image);
+  h->engine = registry_engine (h->image);
+  h->io = registry_io (h->image);
+  h->conn = qcow2_conn_new (h->engine);
   if (h->conn == NULL) {
+    registry_release (h->image, NULL);
     free (h);
     return NULL;
   }
@@ -398,20 +336,8 @@ qcow2zstd_close (void *handle)
   struct handle *h = handle;
 
   qcow2_conn_free (h->conn);
-  pthread_mutex_lock (&image_lock);
-  if (--users == 0) {
-    /* The last connection: nothing is in flight, and a new one waits for
-     * the lock.  The persistent bitmaps are left consistent.
-     */
-    qcow2_finish (image, &file_io);
-    if (!stats_logged)
-      params_log_stats (image, filename);
-    stats_logged = false;
-    qcow2_image_close (image);
-    image = NULL;
-    qcow2_fileio_close (&file_io);
-  }
-  pthread_mutex_unlock (&image_lock);
+  /* The last connection finishes the image through its file. */
+  registry_release (h->image, NULL);
   free (h);
 }
 
@@ -420,34 +346,29 @@ qcow2zstd_close (void *handle)
  * skips a connection's .close once it is quitting, even for a client
  * that has already left.  Their close is where the metadata would be
  * written and the image finished (the persistent bitmaps left
- * consistent), so do that here: by now no request runs or can come
- * (nbdkit waited for the connections' threads).  The image itself stays
- * for a close that may still come, which then does not log the
- * statistics again.
+ * consistent), so the registry does that here: by now no request runs
+ * or can come (nbdkit waited for the connections' threads).
  */
 static void
 qcow2zstd_cleanup (void)
 {
-  pthread_mutex_lock (&image_lock);
-  if (image) {
-    qcow2_finish (image, &file_io);
-    params_log_stats (image, filename);
-    stats_logged = true;
-  }
-  pthread_mutex_unlock (&image_lock);
+  registry_cleanup ();
 }
 
 static int64_t
 qcow2zstd_get_size (void *handle)
 {
-  return qcow2_image_header (image)->virtual_size;
+  struct handle *h = handle;
+  return qcow2_image_header (h->engine)->virtual_size;
 }
 
 static int
 qcow2zstd_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
                       uint32_t *maximum)
 {
-  glue_block_size (image, minimum, preferred, maximum);
+  struct handle *h = handle;
+
+  glue_block_size (h->engine, minimum, preferred, maximum);
   return 0;
 }
 
@@ -455,7 +376,7 @@ static int
 qcow2zstd_can_write (void *handle)
 {
   struct handle *h = handle;
-  return !h->readonly && qcow2_image_writable (image);
+  return !h->readonly && qcow2_image_writable (h->engine);
 }
 
 static int
@@ -503,7 +424,7 @@ qcow2zstd_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
                  uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_read (h->conn, &file_io, buf, count, offset));
+  return errno_result (qcow2_read (h->conn, h->io, buf, count, offset));
 }
 
 static int
@@ -511,14 +432,15 @@ qcow2zstd_pwrite (void *handle, const void *buf, uint32_t count,
                   uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_write (h->conn, &file_io, buf, count, offset,
+  return errno_result (qcow2_write (h->conn, h->io, buf, count, offset,
                                     flags & NBDKIT_FLAG_FUA));
 }
 
 static int
 qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  return errno_result (qcow2_zero (image, &file_io, count, offset,
+  struct handle *h = handle;
+  return errno_result (qcow2_zero (h->engine, h->io, count, offset,
                                    flags & NBDKIT_FLAG_FAST_ZERO,
                                    flags & NBDKIT_FLAG_FUA));
 }
@@ -526,14 +448,16 @@ qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 qcow2zstd_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  return errno_result (qcow2_trim (image, &file_io, count, offset,
+  struct handle *h = handle;
+  return errno_result (qcow2_trim (h->engine, h->io, count, offset,
                                    flags & NBDKIT_FLAG_FUA));
 }
 
 static int
 qcow2zstd_flush (void *handle, uint32_t flags)
 {
-  return errno_result (qcow2_flush (image, &file_io));
+  struct handle *h = handle;
+  return errno_result (qcow2_flush (h->engine, h->io));
 }
 
 static int
@@ -541,7 +465,7 @@ qcow2zstd_extents (void *handle, uint32_t count, uint64_t offset,
                    uint32_t flags, struct nbdkit_extents *extents)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_extents (h->conn, &file_io, offset, count,
+  return errno_result (qcow2_extents (h->conn, h->io, offset, count,
                                       params_add_extent, extents));
 }
 
@@ -550,7 +474,7 @@ qcow2zstd_cache (void *handle, uint32_t count, uint64_t offset,
                  uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_prefetch (h->conn, &file_io, offset, count));
+  return errno_result (qcow2_prefetch (h->conn, h->io, offset, count));
 }
 
 static struct nbdkit_plugin plugin = {
