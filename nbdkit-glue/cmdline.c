@@ -233,3 +233,23 @@ cmdline_free (struct nbdkit_cmdline *cl)
   memset (cl, 0, sizeof *cl);
   cl->readonly = -1;
 }
+
+int
+cmdline_under (const struct nbdkit_cmdline *cl, const char *filter,
+               size_t *first_between, size_t *nr_between)
+{
+  size_t i, found = 0, at = 0;
+
+  if (cl->plugin == NULL)
+    return -1;
+  for (i = 0; i < cl->nr_filters; i++)
+    if (strcmp (cl->filters[i], filter) == 0) {
+      found++;
+      at = i;
+    }
+  if (found != 1)
+    return -1;
+  *first_between = at + 1;
+  *nr_between = cl->nr_filters - (at + 1);
+  return 0;
+}

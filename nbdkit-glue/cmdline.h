@@ -31,4 +31,13 @@ struct nbdkit_cmdline {
 int cmdline_read (struct nbdkit_cmdline *cl);
 void cmdline_free (struct nbdkit_cmdline *cl);
 
+/* What is under the filter FILTER (a short name) in CL's stack: its
+ * plugin, and the filters between the two (*FIRST_BETWEEN is the index
+ * in CL->filters of the first, *NR_BETWEEN how many).  0, or -1 when
+ * that is not known: the command line was not read, or FILTER is not
+ * in the stack exactly once.
+ */
+int cmdline_under (const struct nbdkit_cmdline *cl, const char *filter,
+                   size_t *first_between, size_t *nr_between);
+
 #endif /* QCOW2ZSTD_CMDLINE_H */

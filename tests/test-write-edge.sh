@@ -118,8 +118,15 @@ refuse ()
     local img=$1 field=$2 what=$3
     local before
     before=$(md5sum < "$img")
-    start_server "$PWD/sock" file "$img"
-    if nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1; then
+    # Over the file plugin with file=: at start-up, before serving.
+    if run_nbdkit -U - --filter="$FILTER" file "$img" --run true 2> start.err; then
+        fail "$what: nbdkit started to write it"
+    fi
+    grep -q "$field" start.err || { cat start.err; fail "$what: no error at start-up naming $field"; }
+    grep -q "nbdkit -r" start.err || fail "$what: the error at start-up does not suggest nbdkit -r"
+    # With dir=, when a client names it.
+    start_server "$PWD/sock" file dir="$PWD"
+    if nbdinfo "nbd+unix:///$img?socket=$PWD/sock" > /dev/null 2>&1; then
         fail "$what: a writable connection was allowed"
     fi
     kill -0 "$SERVER_PID" || fail "$what: the server died"
@@ -132,7 +139,7 @@ refuse ()
     stop_server
     qemu-img convert -U -O raw "$img" expect.raw
     cmp served.raw expect.raw || fail "$what: nbdkit -r served wrong data"
-    echo "$what: writing refused naming $field; nbdkit -r serves it"
+    echo "$what: writing refused naming $field (at start-up with file=, at the first client with dir=); nbdkit -r serves it"
 }
 
 # Images with internal snapshots are written (test-snapshot.sh); a

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-filter: serve the guest disk inside a qcow2 image.
  *
- * The nbdkit callbacks.  next-io.c adapts the plugin under the filter
- * to the engine's struct qcow2_io; the rest is the glue both forms
- * share (nbdkit-glue/: the parameters, the registry of images, the
- * locks), and everything about qcow2 is in common/.
+ * The nbdkit callbacks, and what the filter learns of the stack under
+ * it.  next-io.c adapts the plugin under the filter to the engine's
+ * struct qcow2_io; the rest is the glue both forms share
+ * (nbdkit-glue/: the parameters, the registry of images, the start-up
+ * checks, the locks), and everything about qcow2 is in common/.
  */
 
 #include <config.h>
@@ -14,14 +15,23 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "next-io.h"
+#include "cmdline.h"
 #include "glue.h"
 #include "params.h"
 #include "registry.h"
+#include "startup.h"
 
 /* Set once, in .config_complete; only read afterwards. */
 static struct glue_options options;
+/* nbdkit's file plugin is right under the filter (nbdkit's command
+ * line says so): it serves the file its file= names to every export,
+ * or with dir= the file each export is named after, byte for byte.
+ * That file is known, then: checked at start-up (file=).
+ */
+static bool file_plugin_under;
 
 struct handle {
   char *exportname;
@@ -67,13 +77,52 @@ qcow2zstd_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   return r == 1 ? next (nxdata, key, value) : r;
 }
 
+/* What nbdkit's command line shows under the filter: which plugin, and
+ * whether a filter lies between.
+ */
+static void
+learn_stack (void)
+{
+  struct nbdkit_cmdline cl;
+  size_t first, n;
+
+  if (cmdline_read (&cl) == 0 &&
+      cmdline_under (&cl, "qcow2zstd", &first, &n) == 0)
+    file_plugin_under = n == 0 && strcmp (cl.plugin, "file") == 0;
+  cmdline_free (&cl);
+}
+
+/* The checks at start-up, where the file is known (startup.h): nbdkit's
+ * file plugin right under the filter, with file=.  Its exports all
+ * serve that file: one image, under the key "".  Elsewhere the image is
+ * checked when the first client of an export connects.
+ */
+static int
+check_at_startup (void)
+{
+  bool writes;
+
+  if (!file_plugin_under || options.image_file == NULL)
+    return 0;
+  /* As the file plugin opens it: read-only with -r, or if it may not
+   * write it.  A snapshot is served read-only.
+   */
+  writes = options.readonly == 0 && options.engine.snapshot == NULL &&
+    access (options.image_file, W_OK) == 0;
+  return startup_check_file (&options, options.image_file, "", writes);
+}
+
 static int
 qcow2zstd_config_complete (nbdkit_next_config_complete *next,
                            nbdkit_backend *nxdata)
 {
   if (params_complete (&options) == -1)
     return -1;
-  return next (nxdata);
+  learn_stack ();
+  /* The plugin's own checks first: the file plugin's of file=. */
+  if (next (nxdata) == -1)
+    return -1;
+  return check_at_startup ();
 }
 
 #define qcow2zstd_config_help PARAMS_HELP
@@ -120,13 +169,16 @@ say_no_flush (void)
                   "when they return)");
 }
 
-/* Open (or join) the image of H's export through NEXT.  The filter
- * locks the local file the plugin under it was given, when it is the
- * one served (locks.h).
+/* Open (or join) the image of H's export through NEXT.  With file=
+ * right over the file plugin, every export name is the one file: one
+ * image, locked at start-up under "".  The filter locks the local file
+ * the plugin under it was given, when it is the one served (locks.h).
  */
 static int
 acquire_image (nbdkit_next *next, struct handle *h, bool writable)
 {
+  const char *key =
+    file_plugin_under && options.image_file ? "" : h->exportname;
   char *path = params_local_image (&options, h->exportname);
   struct registry_storage storage = {
     .next_io = next_io (next),
@@ -143,7 +195,7 @@ acquire_image (nbdkit_next *next, struct handle *h, bool writable)
                     "locked (other users of it cannot be detected)",
                     h->exportname);
   }
-  h->image = registry_acquire (&options, h->exportname, writable, &storage);
+  h->image = registry_acquire (&options, key, writable, &storage);
   free (path);
   return h->image ? 0 : -1;
 }

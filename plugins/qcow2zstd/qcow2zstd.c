@@ -26,10 +26,10 @@
 #include "glue.h"
 #include "params.h"
 #include "registry.h"
-#include "qcow2-fileio.h"
+#include "startup.h"
 
 
-/* Set while nbdkit configures; only read afterwards. */
+/* Set once, in .config_complete; only read afterwards. */
 static char *filename;
 static struct glue_options options;
 
@@ -72,211 +72,34 @@ qcow2zstd_config (const char *key, const char *value)
   return -1;
 }
 
-/* The image's header, parsed and its features checked at start-up: a
- * file that is not a qcow2 image (or one with a feature the engine
- * refuses) stops nbdkit here, naming the
- * file, instead of failing every client with "no export".  0, or -1
- * after saying why.
- */
-static int
-read_header (struct qcow2_header *h)
-{
-  size_t len = UINT64_C (1) << QCOW2_MAX_CLUSTER_BITS;
-  char err[256];
-  uint8_t *buf;
-  struct stat st;
-  ssize_t n = -1;
-  int fd, r = -1;
-
-  fd = open (filename, O_RDONLY | O_CLOEXEC);
-  if (fd == -1) {
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-    return -1;
-  }
-  buf = malloc (len);
-  if (buf == NULL)
-    nbdkit_error ("qcow2zstd: %s: out of memory", filename);
-  else if (fstat (fd, &st) == -1 || (n = pread (fd, buf, len, 0)) == -1)
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-  else if (n == 0)
-    nbdkit_error ("qcow2zstd: %s: the file is empty, not a qcow2 image "
-                  "(qcow2-create=SIZE makes one in it)", filename);
-  else if (qcow2_header_parse (buf, n, st.st_size, h, err, sizeof err) == -1)
-    nbdkit_error ("qcow2zstd: %s: invalid or unsupported qcow2 image: %s",
-                  filename, err);
-  else {
-    /* The engine opens a backing file itself: checked as if none. */
-    struct qcow2_header without_backing = *h;
-    without_backing.backing_file_offset = 0;
-    if (qcow2_header_check_features (&without_backing, err, sizeof err) == -1)
-      nbdkit_error ("qcow2zstd: %s: invalid or unsupported qcow2 image: %s",
-                    filename, err);
-    else
-      r = 0;
-  }
-  free (buf);
-  close (fd);
-  return r;
-}
-
-/* qcow2-create over a file that exists: refused at start-up unless its
- * first cluster is all zeros, the engine's rule (qcow2_create checks it
- * again; a create a crash interrupted left that cluster zero, so it can
- * run again).  qemu-img create would overwrite whatever is there; the
- * same command line run a second time must not destroy the image the
- * first run made.
- */
-static int
-check_create_target (const struct stat *st)
-{
-  size_t cluster_size = (size_t) 1 << options.create_options.cluster_bits;
-  uint8_t *buf;
-  ssize_t n = -1;
-  size_t i;
-  int fd, r = -1;
-
-  if (S_ISREG (st->st_mode) && st->st_size == 0)
-    return 0;
-  fd = open (filename, O_RDONLY | O_CLOEXEC);
-  if (fd == -1) {
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-    return -1;
-  }
-  buf = malloc (cluster_size);
-  if (buf == NULL)
-    nbdkit_error ("qcow2zstd: %s: out of memory", filename);
-  else if ((n = pread (fd, buf, cluster_size, 0)) == -1)
-    nbdkit_error ("qcow2-create: %s: cannot read its first cluster: %m",
-                  filename);
-  else {
-    for (i = 0; i < (size_t) n && buf[i] == 0; ++i)
-      ;
-    if (i < (size_t) n)
-      nbdkit_error ("qcow2-create: %s is not empty: its first cluster is "
-                    "not all zeros (it may hold an image or a filesystem); "
-                    "refusing to format it, which would destroy what it "
-                    "holds (qemu-img create would overwrite it).  Remove "
-                    "the file first, or serve it without qcow2-create",
-                    filename);
-    else
-      r = 0;
-  }
-  free (buf);
-  close (fd);
-  return r;
-}
-
-static void
-keep_message (void *opaque, const char *msg)
-{
-  snprintf (opaque, 1024, "%s", msg);
-}
-
-/* The trial open is the one that unlocks the key slot, so its warnings
- * are the ones a user gets (the connections' opens take the key cache).
- */
-static void
-pass_warning (void *opaque, const char *msg)
-{
-  glue_warning (filename, msg);
-}
-
-/* An encrypted image's passphrase and the snapshot to serve, tried at
- * start-up by opening the image read-only, which writes nothing and
- * leaves the unlocked key in the key cache for the first connection: a
- * wrong or missing passphrase, or a snapshot the image does not have,
- * stops nbdkit here instead of refusing every client.  Whatever else
- * the open finds is left for the connections to report.
- */
-static int
-check_secrets (const struct qcow2_header *h)
-{
-  struct qcow2_options opts = options.engine;
-  char msg[1024] = "";
-  struct qcow2_log log = {
-    .opaque = msg, .error = keep_message, .warning = pass_warning,
-  };
-  struct qcow2_io io;
-  struct qcow2_image *img;
-  int r;
-
-  if (h->crypt_method != 2 && options.engine.snapshot == NULL)
-    return 0;
-  if (qcow2_fileio_open (filename, false, &io) < 0)
-    return 0;
-  opts.writable = false;
-  opts.compress = false;
-  opts.threads = 0;
-  r = qcow2_image_open (&io, &log, &opts, &img);
-  if (r == 0)
-    qcow2_image_close (img);
-  qcow2_fileio_close (&io);
-  if (r == -EPERM ||
-      (r == -ENOENT && strncmp (msg, "qcow2-snapshot:", 15) == 0)) {
-    nbdkit_error ("qcow2zstd: %s: %s", filename, msg);
-    return -1;
-  }
-  return 0;
-}
-
-/* The image file, checked and locked at start-up: found when the first
- * client connects, all that client would learn is that there is no
- * export.
+/* The image file, checked and locked at start-up (startup.h): found
+ * when the first client connects, all that client would learn is that
+ * there is no export.
  */
 static int
 check_file (void)
 {
   struct stat st;
-  struct qcow2_header h;
-  bool writes;
   int r;
 
-  if (stat (filename, &st) == -1) {
-    if (errno == ENOENT && options.create) {
-      /* qcow2-create makes it, in a directory that must let it. */
-      char *dir = strdup (filename), *slash;
-      if (dir == NULL)
-        return -1;
-      slash = strrchr (dir, '/');   /* the name is absolute */
-      slash[slash == dir ? 1 : 0] = '\0';
-      r = access (dir, W_OK | X_OK);
-      if (r == -1)
-        nbdkit_error ("qcow2-create: cannot create %s in %s: %m",
-                      filename, dir);
-      free (dir);
-      return r;
-    }
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-    return -1;
-  }
-  if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode)) {
-    nbdkit_error ("qcow2zstd: %s: not a regular file or block device",
-                  filename);
-    return -1;
-  }
-  if (access (filename, R_OK) == -1) {
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-    return -1;
+  if (stat (filename, &st) == -1 && errno == ENOENT && options.create) {
+    /* qcow2-create makes it, in a directory that must let it. */
+    char *dir = strdup (filename), *slash;
+    if (dir == NULL)
+      return -1;
+    slash = strrchr (dir, '/');   /* the name is absolute */
+    slash[slash == dir ? 1 : 0] = '\0';
+    r = access (dir, W_OK | X_OK);
+    if (r == -1)
+      nbdkit_error ("qcow2-create: cannot create %s in %s: %m",
+                    filename, dir);
+    free (dir);
+    return r;
   }
   /* A snapshot is served read-only: its file needs no write access. */
-  writes = options.readonly == 0 && options.engine.snapshot == NULL;
-  if (writes && access (filename, W_OK) == -1) {
-    nbdkit_error ("qcow2zstd: %s: %m (serve it read-only with -r)",
-                  filename);
-    return -1;
-  }
-  if (options.create) {
-    if (check_create_target (&st) == -1)
-      return -1;
-  }
-  else if (read_header (&h) == -1 ||
-           (options.engine.compress &&
-            params_check_level (&options, h.compression_type) == -1) ||
-           check_secrets (&h) == -1)
-    return -1;
-  /* Locked from here until nbdkit exits, as qemu-nbd locks. */
-  return locks_hold_image (options.engine.locking, NULL, filename, writes,
-                           NULL, NULL);
+  return startup_check_file (&options, filename, NULL,
+                             options.readonly == 0 &&
+                             options.engine.snapshot == NULL);
 }
 
 static int
