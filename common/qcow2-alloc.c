@@ -140,13 +140,16 @@ static int
 no_room (struct qcow2_image *img, uint64_t count)
 {
   uint64_t cluster_size = img->header.cluster_size;
+  const char *file = img->opts.room_file;
 
   qcow2_error (img, "no room in the image file: %" PRIu64 " more "
                "cluster(s) of %" PRIu64 " bytes are needed (at least %"
                PRIu64 " bytes) and every cluster of the %" PRIu64
                "-byte container is in use; give the image room and "
-               "reconnect (for a file: truncate -s +SIZE FILE)",
-               count, cluster_size, count * cluster_size, img->file_size);
+               "reconnect%s%s%s",
+               count, cluster_size, count * cluster_size, img->file_size,
+               file ? " (truncate -s +SIZE " : "", file ? file : "",
+               file ? ")" : "");
   return -ENOSPC;
 }
 

@@ -29,6 +29,7 @@ struct registry_image {
   struct registry_image *next;
   char *key;
   char *name;                   /* in messages: the export, or the file */
+  char *room_file;              /* the engine keeps a pointer to it */
   enum image_state state;
   unsigned users;
   struct qcow2_image *engine;
@@ -94,6 +95,7 @@ free_image (struct registry_image *img)
 {
   free (img->key);
   free (img->name);
+  free (img->room_file);
   free (img);
 }
 
@@ -119,6 +121,7 @@ open_image (struct registry_image *img, const struct glue_options *options,
 
   opts.writable = writable;
   opts.growable = storage->own_file != NULL;
+  opts.room_file = img->room_file;
   if (create && !writable) {
     nbdkit_error ("qcow2-create: cannot create an image read-only (%s)",
                   storage->own_file ? "nbdkit -r"
@@ -190,7 +193,9 @@ registry_acquire (const struct glue_options *options, const char *key,
   img = calloc (1, sizeof *img);
   if (img == NULL || (img->key = strdup (key)) == NULL ||
       (img->name = strdup (storage->own_file ? storage->own_file : key))
-      == NULL) {
+      == NULL ||
+      (storage->room_file &&
+       (img->room_file = strdup (storage->room_file)) == NULL)) {
     pthread_mutex_unlock (&registry_lock);
     if (img)
       free_image (img);

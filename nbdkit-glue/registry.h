@@ -49,6 +49,10 @@ struct registry_storage {
   const char *lock_path;
   locks_confirm_fn *confirm;
   void *confirm_opaque;
+  /* The regular file the image is in, when a user can give it room
+   * (qcow2_options.room_file), or NULL.
+   */
+  const char *room_file;
 };
 
 /* Open (or join) the image of export KEY, with OPTIONS, in STORAGE.

@@ -60,11 +60,36 @@ EOF
 stop_server
 grep -q "errno ENOSPC" enospc.out || { cat enospc.out; fail "a full container did not give ENOSPC"; }
 grep -q "no room in the image file" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "no ENOSPC message"; }
-grep -q "truncate -s +SIZE" "$PWD/sock.log" || fail "the ENOSPC message does not say how to add room"
+grep -q "give the image room and reconnect (truncate -s +SIZE $PWD/full.qcow2)" "$PWD/sock.log" ||
+    { cat "$PWD/sock.log"; fail "the ENOSPC message does not say how to add room to the file"; }
 grep -q "65536 bytes" "$PWD/sock.log" || fail "the ENOSPC message does not say how much room is needed"
 check_clean full.qcow2 "ENOSPC"
 qemu-img compare -q -f qcow2 -F raw full.qcow2 small.raw || fail "ENOSPC: the image changed its content"
-echo "full container: ENOSPC with a message, image valid and unchanged"
+echo "full container: ENOSPC with a message naming the file and the truncate that gives it room, image valid and unchanged"
+
+# Storage that is no file (nbdkit's memory plugin): ENOSPC, and the
+# message does not tell to truncate anything.
+start_server "$PWD/sock" memory 1M qcow2-create=16M
+$PYTHON - "$(nbd_uri "$PWD/sock")" <<'EOF' > enospc.out
+import nbd, os, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+try:
+    for i in range(32):
+        h.pwrite(os.urandom(65536), i * 65536)
+except nbd.Error as e:
+    print("errno", e.errno)
+else:
+    print("no error")
+EOF
+stop_server
+grep -q "errno ENOSPC" enospc.out || { cat enospc.out; fail "memory: a full container did not give ENOSPC"; }
+grep -q "no room in the image file: .*give the image room and reconnect$" "$PWD/sock.log" ||
+    { cat "$PWD/sock.log"; fail "memory: no ENOSPC message"; }
+if grep -q "truncate" "$PWD/sock.log"; then
+    cat "$PWD/sock.log"; fail "memory: the ENOSPC message tells to truncate a file there is not"
+fi
+echo "full container in memory: ENOSPC, and the message names no file to truncate"
 
 # Giving room with truncate then lets the write through.
 truncate -s +1M full.qcow2

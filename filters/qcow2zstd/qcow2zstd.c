@@ -15,6 +15,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "next-io.h"
@@ -29,7 +30,8 @@ static struct glue_options options;
 /* nbdkit's file plugin is right under the filter (nbdkit's command
  * line says so): it serves the file its file= names to every export,
  * or with dir= the file each export is named after, byte for byte.
- * That file is known, then: checked at start-up (file=).
+ * That file is known, then: checked at start-up (file=), and given
+ * room with truncate.
  */
 static bool file_plugin_under;
 
@@ -173,6 +175,9 @@ say_no_flush (void)
  * right over the file plugin, every export name is the one file: one
  * image, locked at start-up under "".  The filter locks the local file
  * the plugin under it was given, when it is the one served (locks.h).
+ * The messages of a full image say how to give it room (truncate) only
+ * when nbdkit's file plugin serves that file as it is, and it is a
+ * regular file.
  */
 static int
 acquire_image (nbdkit_next *next, struct handle *h, bool writable)
@@ -185,6 +190,7 @@ acquire_image (nbdkit_next *next, struct handle *h, bool writable)
     .confirm = next_serves_file,
     .confirm_opaque = next,
   };
+  struct stat st;
 
   if (options.engine.locking != QCOW2_LOCK_OFF) {
     if (path)
@@ -195,6 +201,9 @@ acquire_image (nbdkit_next *next, struct handle *h, bool writable)
                     "locked (other users of it cannot be detected)",
                     h->exportname);
   }
+  if (file_plugin_under && path && stat (path, &st) == 0 &&
+      S_ISREG (st.st_mode))
+    storage.room_file = path;
   h->image = registry_acquire (&options, key, writable, &storage);
   free (path);
   return h->image ? 0 : -1;
