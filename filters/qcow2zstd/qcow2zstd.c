@@ -34,6 +34,10 @@ static struct glue_options options;
  * room with truncate.
  */
 static bool file_plugin_under;
+/* Why the plugin under the filter cannot write the image although it
+ * says it can (the export is then read-only), or NULL.
+ */
+static const char *plugin_cannot_write;
 
 struct handle {
   char *exportname;
@@ -80,17 +84,29 @@ qcow2zstd_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
 }
 
 /* What nbdkit's command line shows under the filter: which plugin, and
- * whether a filter lies between.
+ * whether a filter lies between.  nbdkit's curl plugin says it can
+ * write, but each write it sends is an HTTP PUT of the bytes with a
+ * Content-Range, which web servers refuse (nginx: 405) or take as the
+ * whole new file, and it cannot grow the image: the export is read-only
+ * over it, unless nbdkit-cow-filter between the two keeps the writes.
  */
 static void
 learn_stack (void)
 {
   struct nbdkit_cmdline cl;
-  size_t first, n;
+  size_t first, n, i;
+  bool cow = false;
 
   if (cmdline_read (&cl) == 0 &&
-      cmdline_under (&cl, "qcow2zstd", &first, &n) == 0)
+      cmdline_under (&cl, "qcow2zstd", &first, &n) == 0) {
     file_plugin_under = n == 0 && strcmp (cl.plugin, "file") == 0;
+    for (i = first; i < first + n; i++)
+      cow |= strcmp (cl.filters[i], "cow") == 0;
+    if (strcmp (cl.plugin, "curl") == 0 && !cow)
+      plugin_cannot_write = "nbdkit's curl plugin cannot write the image "
+        "(it would send each write as an HTTP PUT, which web servers "
+        "refuse or take as the whole new file)";
+  }
   cmdline_free (&cl);
 }
 
@@ -104,6 +120,18 @@ check_at_startup (void)
 {
   bool writes;
 
+  if (plugin_cannot_write) {
+    if (options.create) {
+      nbdkit_error ("qcow2-create: cannot create an image read-only: %s",
+                    plugin_cannot_write);
+      return -1;
+    }
+    if (options.readonly == 0)
+      nbdkit_error ("qcow2zstd: warning: the export is read-only: %s; "
+                    "give -r to say so, or put --filter=cow after "
+                    "--filter=qcow2zstd to keep the writes in its "
+                    "overlay", plugin_cannot_write);
+  }
   if (!file_plugin_under || options.image_file == NULL)
     return 0;
   /* As the file plugin opens it: read-only with -r, or if it may not
@@ -141,7 +169,9 @@ qcow2zstd_open (nbdkit_next_open *next, nbdkit_context *nxdata,
 {
   struct handle *h;
 
-  if (next (nxdata, readonly, exportname) == -1)
+  /* A plugin that cannot really write is opened read-only too. */
+  if (next (nxdata, readonly || plugin_cannot_write != NULL, exportname)
+      == -1)
     return NULL;
   h = calloc (1, sizeof *h);
   if (h == NULL || (h->exportname = strdup (exportname)) == NULL) {
@@ -222,6 +252,7 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
    */
   if (next->get_size (next) == -1)
     return -1;
+  readonly |= plugin_cannot_write != NULL;
   if (!readonly) {
     plugin_can_write = next->can_write (next);
     plugin_can_flush = next->can_flush (next);
