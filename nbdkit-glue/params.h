@@ -14,8 +14,8 @@
  * start-up on and pass them down; nothing changes them afterwards.
  */
 struct glue_options {
-  /* The engine's options; writable and growable are set for each open
-   * (registry.h), on a copy.
+  /* The engine's options; writable, growable and room_file are set for
+   * each open (registry.h), on a copy.
    */
   struct qcow2_options engine;
   bool create;                  /* qcow2-create=SIZE was given */

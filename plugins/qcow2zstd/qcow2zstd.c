@@ -12,9 +12,6 @@
 #include <config.h>
 
 #include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -29,7 +26,7 @@
 #include "startup.h"
 
 
-/* Set once, in .config_complete; only read afterwards. */
+/* Set while nbdkit configures; only read afterwards. */
 static char *filename;
 static struct glue_options options;
 
