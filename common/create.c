@@ -120,14 +120,17 @@ check_room (const struct qcow2_log *log, const struct qcow2_options *opts,
             int64_t device_size, uint64_t host_clusters,
             const struct layout *l)
 {
-  char msg[512];
+  const char *file = opts->room_file;
+  char msg[4608];
 
   if (opts->growable || host_clusters >= l->total_clusters + 1)
     return 0;
   snprintf (msg, sizeof msg, "qcow2-create: the device (%" PRId64
             " bytes) is too small for the image's metadata (%" PRIu64
-            " bytes at least); make it larger (for a file: truncate -s "
-            "SIZE FILE)", device_size, (l->total_clusters + 1) << l->bits);
+            " bytes at least); make it larger%s%s%s", device_size,
+            (l->total_clusters + 1) << l->bits,
+            file ? " (truncate -s SIZE " : "", file ? file : "",
+            file ? ")" : "");
   create_error (log, msg);
   return -ENOSPC;
 }

@@ -31,14 +31,15 @@
 #include <time.h>
 
 enum qcow2_lock_rank {
-  /* Front ends (nbdkit-glue/): the registry of open images, held only to
-   * find, add or drop an entry, never across an image's open or close.
+  /* Front ends (nbdkit-glue/README.md): a filter connection's finalize
+   * lock, held across its last flush and the release of its image (which
+   * may close it) and across a prefetch.
    */
-  QCOW2_RANK_REGISTRY = 10,
-  /* An export's entry: its image's open, close and finish, one at a time. */
-  QCOW2_RANK_EXPORT = 20,
-  /* The front ends' file locks on images served (nbdkit-glue/locks.c). */
-  QCOW2_RANK_EXPORT_LOCKS = 30,
+  QCOW2_RANK_FINALIZE = 10,
+  /* The front ends' file locks on images served (nbdkit-glue/locks.c),
+   * held across opening and locking files, under no other lock.
+   */
+  QCOW2_RANK_EXPORT_LOCKS = 20,
   /* The persistent bitmaps' store (meta/bitmap-store.c): one store at a
    * time; a store runs writebacks.
    */
@@ -62,7 +63,9 @@ enum qcow2_lock_rank {
   QCOW2_RANK_CACHE = 100,
   /* Leaves: the in-flight table (base/inflight.c), the write buffers'
    * free list (paths/scratch.c), the bitmaps' bits, the start of the
-   * compressor threads, a key cache.
+   * compressor threads, a key cache, and the front ends' registry of
+   * images (nbdkit-glue/registry.c: never held across an open, a close
+   * or an engine call).
    */
   QCOW2_RANK_LEAF = 200,
   /* A lock that is only ever tried, never waited for: a connection's

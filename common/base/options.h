@@ -50,6 +50,12 @@ struct qcow2_options {
   const char *const *backing_dirs;
   unsigned backing_depth;         /* 0; the engine counts the chain */
   bool growable;                  /* writes may extend the storage */
+  /* The regular file the storage is, when its user can give it room
+   * (truncate) but the engine cannot: named, with the command, in the
+   * message of a full image.  NULL: no such file, and the message says
+   * only that the image needs room.
+   */
+  const char *room_file;
   enum qcow2_discard discard;
   enum qcow2_detect_zeroes detect_zeroes;
   enum qcow2_lock_policy locking; /* for the backing files it opens */

@@ -132,6 +132,7 @@ static int
 no_room (struct qcow2_image *img, uint64_t count)
 {
   uint64_t cluster_size = img->header.cluster_size;
+  const char *file = img->opts.room_file;
 
   if (qcow2_alloc_room_after_writeback (img))
     return -ENOSPC;
@@ -139,9 +140,11 @@ no_room (struct qcow2_image *img, uint64_t count)
                "cluster(s) of %" PRIu64 " bytes are needed (at least %"
                PRIu64 " bytes) and every cluster of the %" PRIu64
                "-byte container is in use; give the image room and "
-               "reconnect (for a file: truncate -s +SIZE FILE)",
+               "reconnect%s%s%s",
                count, cluster_size, count * cluster_size,
-               (uint64_t) img->file_size);
+               (uint64_t) img->file_size,
+               file ? " (truncate -s +SIZE " : "", file ? file : "",
+               file ? ")" : "");
   return -ENOSPC;
 }
 

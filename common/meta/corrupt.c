@@ -11,6 +11,7 @@
 #include "meta/corrupt.h"
 #include "format/header.h"
 #include "meta/log.h"
+#include "meta/regions.h"
 
 int
 qcow2_mark_corrupt (struct qcow2_image *img, struct qcow2_io *io,

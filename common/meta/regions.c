@@ -13,6 +13,7 @@
 
 #include "meta/regions.h"
 #include "base/check.h"
+#include "base/lockorder.h"
 
 struct slot {
   uint64_t key;                     /* cluster index + 1; 0: empty */

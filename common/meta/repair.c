@@ -328,13 +328,15 @@ place (struct counts *c, uint64_t count, uint64_t *at)
   for (cl = 1; ; ++cl) {
     if (cl >= c->n) {
       if (!img->opts.growable) {
+        const char *file = img->opts.room_file;
         qcow2_error (img, "incompatible_features: the dirty bit is set and "
                      "the refcounts must be rebuilt, but the image file has "
                      "no room for %" PRIu64 " more cluster(s) of %u bytes; "
-                     "give the image room and reconnect (for a file: "
-                     "truncate -s +SIZE FILE), or repair it with qemu-img "
-                     "check -r all; it is not written",
-                     count, img->header.cluster_size);
+                     "give the image room and reconnect%s%s%s, or repair "
+                     "it with qemu-img check -r all; it is not written",
+                     count, img->header.cluster_size,
+                     file ? " (truncate -s +SIZE " : "", file ? file : "",
+                     file ? ")" : "");
         return -ENOSPC;
       }
       r = grow_counts (c, c->n + count + 64);
