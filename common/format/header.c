@@ -8,19 +8,10 @@
 #include <string.h>
 
 #include "format/header.h"
+#include "format/errbuf.h"
 #include "format/luks.h"
 #include "format/endian.h"
 
-static int
-fail (char *errbuf, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (errbuf, errlen, fmt, ap);
-  va_end (ap);
-  return -1;
-}
 
 /* Byte offsets of the header fields (qcow2.txt). */
 enum {
@@ -124,18 +115,18 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
   h->file_size = file_size;
 
   if (len < V2_HEADER_LENGTH)
-    return fail (errbuf, errlen,
-                 "image is too small for a qcow2 header (%zu bytes)", len);
+    return qcow2_fail (errbuf, errlen,
+                       "image is too small for a qcow2 header (%zu bytes)", len);
   if (be32 (buf + OFF_MAGIC) != QCOW2_MAGIC)
-    return fail (errbuf, errlen,
-                 "magic: not a qcow2 image (magic is 0x%08x, expected 0x%08x)",
-                 be32 (buf + OFF_MAGIC), QCOW2_MAGIC);
+    return qcow2_fail (errbuf, errlen,
+                       "magic: not a qcow2 image (magic is 0x%08x, expected 0x%08x)",
+                       be32 (buf + OFF_MAGIC), QCOW2_MAGIC);
 
   h->version = be32 (buf + OFF_VERSION);
   if (h->version != 2 && h->version != 3)
-    return fail (errbuf, errlen,
-                 "version: unsupported qcow2 version %u (expected 2 or 3)",
-                 h->version);
+    return qcow2_fail (errbuf, errlen,
+                       "version: unsupported qcow2 version %u (expected 2 or 3)",
+                       h->version);
 
   h->backing_file_offset = be64 (buf + OFF_BACKING_OFFSET);
   h->backing_file_size = be32 (buf + OFF_BACKING_SIZE);
@@ -151,10 +142,10 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
 
   if (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
       h->cluster_bits > QCOW2_MAX_CLUSTER_BITS)
-    return fail (errbuf, errlen,
-                 "cluster_bits: %u is out of range (%d..%d)",
-                 h->cluster_bits,
-                 QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
+    return qcow2_fail (errbuf, errlen,
+                       "cluster_bits: %u is out of range (%d..%d)",
+                       h->cluster_bits,
+                       QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
   cluster_size = UINT64_C (1) << h->cluster_bits;
   h->cluster_size = cluster_size;
 
@@ -165,9 +156,9 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
   }
   else {
     if (len < V3_MIN_HEADER_LENGTH)
-      return fail (errbuf, errlen,
-                   "image is too small for a qcow2 v3 header (%zu bytes)",
-                   len);
+      return qcow2_fail (errbuf, errlen,
+                         "image is too small for a qcow2 v3 header (%zu bytes)",
+                         len);
     h->incompatible_features = be64 (buf + OFF_INCOMPAT);
     h->compatible_features = be64 (buf + OFF_COMPAT);
     h->autoclear_features = be64 (buf + OFF_AUTOCLEAR);
@@ -175,27 +166,27 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
     h->header_length = be32 (buf + OFF_HEADER_LENGTH);
 
     if (h->refcount_order > 6)
-      return fail (errbuf, errlen,
-                   "refcount_order: %u is out of range (0..6)",
-                   h->refcount_order);
+      return qcow2_fail (errbuf, errlen,
+                         "refcount_order: %u is out of range (0..6)",
+                         h->refcount_order);
     if (h->header_length < V3_MIN_HEADER_LENGTH)
-      return fail (errbuf, errlen,
-                   "header_length: %u is too short (at least %d)",
-                   h->header_length, V3_MIN_HEADER_LENGTH);
+      return qcow2_fail (errbuf, errlen,
+                         "header_length: %u is too short (at least %d)",
+                         h->header_length, V3_MIN_HEADER_LENGTH);
     if (h->header_length > cluster_size)
-      return fail (errbuf, errlen,
-                   "header_length: %u exceeds the cluster size %" PRIu64,
-                   h->header_length, cluster_size);
+      return qcow2_fail (errbuf, errlen,
+                         "header_length: %u exceeds the cluster size %" PRIu64,
+                         h->header_length, cluster_size);
     if (h->header_length > len)
-      return fail (errbuf, errlen,
-                   "header_length: %u runs past the end of the image",
-                   h->header_length);
+      return qcow2_fail (errbuf, errlen,
+                         "header_length: %u runs past the end of the image",
+                         h->header_length);
 
     if (h->header_length > OFF_COMPRESSION_TYPE) {
       uint8_t type = buf[OFF_COMPRESSION_TYPE];
       if (type > QCOW2_COMPRESSION_ZSTD)
-        return fail (errbuf, errlen,
-                     "compression_type: unknown compression type %u", type);
+        return qcow2_fail (errbuf, errlen,
+                           "compression_type: unknown compression type %u", type);
       h->compression_type = type;
     }
     else
@@ -206,9 +197,9 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
      */
     if (!!(h->incompatible_features & QCOW2_INCOMPAT_COMPRESSION) !=
         (h->compression_type != QCOW2_COMPRESSION_ZLIB))
-      return fail (errbuf, errlen,
-                   "incompatible_features: the compression type bit does "
-                   "not match compression_type %u", h->compression_type);
+      return qcow2_fail (errbuf, errlen,
+                         "incompatible_features: the compression type bit does "
+                         "not match compression_type %u", h->compression_type);
   }
 
   h->extended_l2 = (h->incompatible_features & QCOW2_INCOMPAT_EXTL2) != 0;
@@ -219,20 +210,20 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
    * fit in int64_t, and covered by the L1 table.
    */
   if (h->virtual_size > INT64_MAX - cluster_size)
-    return fail (errbuf, errlen,
-                 "size: virtual size %" PRIu64 " is too large",
-                 h->virtual_size);
+    return qcow2_fail (errbuf, errlen,
+                       "size: virtual size %" PRIu64 " is too large",
+                       h->virtual_size);
   l2_entries = UINT64_C (1) << h->l2_bits;
   bytes_per_l2 = l2_entries << h->cluster_bits;
   l1_needed = (h->virtual_size + bytes_per_l2 - 1) >> (h->l2_bits + h->cluster_bits);
   if (l1_needed > h->l1_size)
-    return fail (errbuf, errlen,
-                 "l1_size: %u entries are too few for the virtual size "
-                 "%" PRIu64 " (need %" PRIu64 ")",
-                 h->l1_size, h->virtual_size, l1_needed);
+    return qcow2_fail (errbuf, errlen,
+                       "l1_size: %u entries are too few for the virtual size "
+                       "%" PRIu64 " (need %" PRIu64 ")",
+                       h->l1_size, h->virtual_size, l1_needed);
   if ((uint64_t) h->l1_size * 8 > QCOW2_MAX_L1_BYTES)
-    return fail (errbuf, errlen,
-                 "l1_size: %u entries exceed the 32 MiB limit", h->l1_size);
+    return qcow2_fail (errbuf, errlen,
+                       "l1_size: %u entries exceed the 32 MiB limit", h->l1_size);
   /* The L1 table covers the size field as written, but qemu serves the
    * disk in whole 512-byte sectors, rounded down (qcow2_do_open:
    * total_sectors = size / 512): a size that is not a multiple of 512
@@ -242,57 +233,57 @@ qcow2_header_parse (const uint8_t *buf, size_t len, uint64_t file_size,
 
   if (h->l1_size > 0) {
     if (h->l1_table_offset & (cluster_size - 1))
-      return fail (errbuf, errlen,
-                   "l1_table_offset: 0x%" PRIx64 " is not cluster aligned",
-                   h->l1_table_offset);
+      return qcow2_fail (errbuf, errlen,
+                         "l1_table_offset: 0x%" PRIx64 " is not cluster aligned",
+                         h->l1_table_offset);
     if (h->l1_table_offset == 0)
-      return fail (errbuf, errlen,
-                   "l1_table_offset: the L1 table overlaps the header");
+      return qcow2_fail (errbuf, errlen,
+                         "l1_table_offset: the L1 table overlaps the header");
     if (!inside_file (h->l1_table_offset, (uint64_t) h->l1_size * 8,
                       file_size))
-      return fail (errbuf, errlen,
-                   "l1_table_offset, l1_size: the L1 table (0x%" PRIx64 ", %u entries) "
-                   "lies outside the file (%" PRIu64 " bytes)",
-                   h->l1_table_offset, h->l1_size, file_size);
+      return qcow2_fail (errbuf, errlen,
+                         "l1_table_offset, l1_size: the L1 table (0x%" PRIx64 ", %u entries) "
+                         "lies outside the file (%" PRIu64 " bytes)",
+                         h->l1_table_offset, h->l1_size, file_size);
   }
 
   if (h->refcount_table_offset & (cluster_size - 1))
-    return fail (errbuf, errlen,
-                 "refcount_table_offset: 0x%" PRIx64 " is not cluster aligned",
-                 h->refcount_table_offset);
+    return qcow2_fail (errbuf, errlen,
+                       "refcount_table_offset: 0x%" PRIx64 " is not cluster aligned",
+                       h->refcount_table_offset);
   if (h->refcount_table_clusters == 0)
-    return fail (errbuf, errlen,
-                 "refcount_table_clusters: the refcount table is empty");
+    return qcow2_fail (errbuf, errlen,
+                       "refcount_table_clusters: the refcount table is empty");
   if ((uint64_t) h->refcount_table_clusters << h->cluster_bits >
       (UINT64_C (8) << 20))
-    return fail (errbuf, errlen,
-                 "refcount_table_clusters: %u clusters exceed the 8 MiB limit",
-                 h->refcount_table_clusters);
+    return qcow2_fail (errbuf, errlen,
+                       "refcount_table_clusters: %u clusters exceed the 8 MiB limit",
+                       h->refcount_table_clusters);
   if (h->refcount_table_offset == 0 ||
       h->refcount_table_offset >= QCOW2_MAX_HOST_OFFSET)
-    return fail (errbuf, errlen,
-                 "refcount_table_offset: 0x%" PRIx64 " is not a valid offset",
-                 h->refcount_table_offset);
+    return qcow2_fail (errbuf, errlen,
+                       "refcount_table_offset: 0x%" PRIx64 " is not a valid offset",
+                       h->refcount_table_offset);
 
   if (h->nb_snapshots > 0 && (h->snapshots_offset & (cluster_size - 1)))
-    return fail (errbuf, errlen,
-                 "snapshots_offset: 0x%" PRIx64 " is not cluster aligned",
-                 h->snapshots_offset);
+    return qcow2_fail (errbuf, errlen,
+                       "snapshots_offset: 0x%" PRIx64 " is not cluster aligned",
+                       h->snapshots_offset);
 
   if (h->backing_file_offset != 0) {
     if (h->backing_file_size > 1023)
-      return fail (errbuf, errlen,
-                   "backing_file_size: %u is larger than 1023",
-                   h->backing_file_size);
+      return qcow2_fail (errbuf, errlen,
+                         "backing_file_size: %u is larger than 1023",
+                         h->backing_file_size);
     if (h->backing_file_offset < h->header_length ||
         h->backing_file_offset >= cluster_size ||
         h->backing_file_offset >= len ||
         h->backing_file_size > cluster_size - h->backing_file_offset ||
         h->backing_file_size > len - h->backing_file_offset)
-      return fail (errbuf, errlen,
-                   "backing_file_offset: the backing file name "
-                   "(0x%" PRIx64 ", %u bytes) lies outside the header cluster",
-                   h->backing_file_offset, h->backing_file_size);
+      return qcow2_fail (errbuf, errlen,
+                         "backing_file_offset: the backing file name "
+                         "(0x%" PRIx64 ", %u bytes) lies outside the header cluster",
+                         h->backing_file_offset, h->backing_file_size);
   }
 
   return 0;
@@ -305,26 +296,26 @@ qcow2_header_check_features (const struct qcow2_header *h,
   uint64_t unknown = h->incompatible_features & ~QCOW2_INCOMPAT_KNOWN;
 
   if (unknown)
-    return fail (errbuf, errlen,
-                 "incompatible_features: unknown incompatible feature bits "
-                 "0x%" PRIx64 " are set", unknown);
+    return qcow2_fail (errbuf, errlen,
+                       "incompatible_features: unknown incompatible feature bits "
+                       "0x%" PRIx64 " are set", unknown);
   /* LUKS (2) is served, once unlocked (paths/encrypt.h). */
   if (h->crypt_method != 0 && h->crypt_method != 2) {
     qcow2_crypt_method_refusal (h->crypt_method, errbuf, errlen);
     return -1;
   }
   if (h->incompatible_features & QCOW2_INCOMPAT_DATA_FILE)
-    return fail (errbuf, errlen,
-                 "incompatible_features: images with an external data file "
-                 "are not supported");
+    return qcow2_fail (errbuf, errlen,
+                       "incompatible_features: images with an external data file "
+                       "are not supported");
   if (h->extended_l2 && h->cluster_bits < 14)
-    return fail (errbuf, errlen,
-                 "incompatible_features: extended L2 entries need clusters "
-                 "of 16 KiB at least (cluster_bits %u)", h->cluster_bits);
+    return qcow2_fail (errbuf, errlen,
+                       "incompatible_features: extended L2 entries need clusters "
+                       "of 16 KiB at least (cluster_bits %u)", h->cluster_bits);
   if (h->backing_file_offset != 0)
-    return fail (errbuf, errlen,
-                 "backing_file_offset: images with a backing file are not "
-                 "supported (convert it with qemu-img convert first)");
+    return qcow2_fail (errbuf, errlen,
+                       "backing_file_offset: images with a backing file are not "
+                       "supported (convert it with qemu-img convert first)");
   return 0;
 }
 
@@ -350,9 +341,9 @@ qcow2_header_walk_extensions (const uint8_t *buf, size_t len,
       return 0;
     pos += 8;
     if (ext_len > end - pos)
-      return fail (errbuf, errlen,
-                   "header extension 0x%08x: length %u runs past the end of "
-                   "the header area", type, ext_len);
+      return qcow2_fail (errbuf, errlen,
+                         "header extension 0x%08x: length %u runs past the end of "
+                         "the header area", type, ext_len);
     if (fn && fn (opaque, type, buf + pos, ext_len))
       return 0;
     pos += ((uint64_t) ext_len + 7) & ~UINT64_C (7);
