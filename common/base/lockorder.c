@@ -48,8 +48,8 @@ qcow2_rwlock_destroy (struct qcow2_rwlock *l)
 
 #ifdef QCOW2_DEBUG
 
-/* The locks this thread holds, in the order taken.  No path of the
- * engine holds more than a handful at once.
+/* The locks a thread holds, in the order taken.  No path of the engine
+ * holds more than a handful at once.
  */
 #define MAX_HELD 16
 
@@ -60,18 +60,57 @@ struct held {
   bool exclusive;
 };
 
-static __thread struct held held[MAX_HELD];
-static __thread unsigned nheld;
+struct thread_locks {
+  struct held held[MAX_HELD];
+  unsigned nheld;
+};
+
+/* Each thread's list is its own malloc'd block behind a key, freed by
+ * the thread itself when it exits: a __thread array in this module,
+ * which nbdkit loads with dlopen, lives in glibc's dynamic TLS, which a
+ * joining thread frees without a synchronisation ThreadSanitizer sees.
+ * The destructor is libc's free, so a thread may outlive this module.
+ */
+static pthread_key_t locks_key;
+static pthread_once_t locks_key_once = PTHREAD_ONCE_INIT;
+
+static void
+make_locks_key (void)
+{
+  if (pthread_key_create (&locks_key, free) != 0) {
+    fprintf (stderr, "qcow2zstd: lock order: pthread_key_create failed\n");
+    abort ();
+  }
+}
+
+static struct thread_locks *
+this_thread (void)
+{
+  struct thread_locks *t;
+
+  pthread_once (&locks_key_once, make_locks_key);
+  t = pthread_getspecific (locks_key);
+  if (t == NULL) {
+    t = calloc (1, sizeof *t);
+    if (t == NULL || pthread_setspecific (locks_key, t) != 0) {
+      fprintf (stderr, "qcow2zstd: lock order: out of memory\n");
+      abort ();
+    }
+  }
+  return t;
+}
 
 static void __attribute__ ((noreturn))
 broken (const char *what, const char *name, enum qcow2_lock_rank rank)
 {
+  const struct thread_locks *t = this_thread ();
   unsigned i;
 
   fprintf (stderr, "qcow2zstd: lock order broken: %s %s (rank %d); this "
            "thread holds:", what, name, (int) rank);
-  for (i = 0; i < nheld; ++i)
-    fprintf (stderr, " %s (rank %d)", held[i].name, (int) held[i].rank);
+  for (i = 0; i < t->nheld; ++i)
+    fprintf (stderr, " %s (rank %d)", t->held[i].name,
+             (int) t->held[i].rank);
   fprintf (stderr, "\n");
   abort ();
 }
@@ -80,14 +119,15 @@ broken (const char *what, const char *name, enum qcow2_lock_rank rank)
 static void
 check_order (const void *lock, enum qcow2_lock_rank rank, const char *name)
 {
+  const struct thread_locks *t = this_thread ();
   unsigned i;
 
   if (rank == QCOW2_RANK_TRIED_ONLY)
     broken ("waiting for a lock that is only ever tried:", name, rank);
-  for (i = 0; i < nheld; ++i) {
-    if (held[i].lock == lock)
+  for (i = 0; i < t->nheld; ++i) {
+    if (t->held[i].lock == lock)
       broken ("taking again", name, rank);
-    if (held[i].rank >= rank && held[i].rank != QCOW2_RANK_TRIED_ONLY)
+    if (t->held[i].rank >= rank && t->held[i].rank != QCOW2_RANK_TRIED_ONLY)
       broken ("taking", name, rank);
   }
 }
@@ -96,19 +136,22 @@ static void
 push (const void *lock, enum qcow2_lock_rank rank, const char *name,
       bool exclusive)
 {
-  if (nheld == MAX_HELD)
+  struct thread_locks *t = this_thread ();
+
+  if (t->nheld == MAX_HELD)
     broken ("holding too many locks with", name, rank);
-  held[nheld++] = (struct held) { lock, rank, name, exclusive };
+  t->held[t->nheld++] = (struct held) { lock, rank, name, exclusive };
 }
 
 static void
 pop (const void *lock, const char *name)
 {
+  struct thread_locks *t = this_thread ();
   unsigned i;
 
-  for (i = nheld; i-- > 0; )
-    if (held[i].lock == lock) {
-      held[i] = held[--nheld];
+  for (i = t->nheld; i-- > 0; )
+    if (t->held[i].lock == lock) {
+      t->held[i] = t->held[--t->nheld];
       return;
     }
   broken ("releasing a lock not held:", name, 0);
@@ -117,11 +160,12 @@ pop (const void *lock, const char *name)
 static const struct held *
 find (const void *lock)
 {
+  const struct thread_locks *t = this_thread ();
   unsigned i;
 
-  for (i = 0; i < nheld; ++i)
-    if (held[i].lock == lock)
-      return &held[i];
+  for (i = 0; i < t->nheld; ++i)
+    if (t->held[i].lock == lock)
+      return &t->held[i];
   return NULL;
 }
 
