@@ -57,7 +57,7 @@ snapshot-cow-skipped | owned_alone         | any    | start:*alone = map->kind =
 snapshot-l2-in-place | table_shared        | any    | start:*shared = false; *refcount = 1; return 0; | test-snapshots test-engine-snapshots
 plaintext-encrypted | qcow2_sectors_encrypt | any    | start:return 0;                               | test-encrypted test-engine-luks test-power-loss
 encrypted-sector-race | qcow2_change_range | any    | replace:^\s*\.claim_in_place = qcow2_image_encrypted:    .claim_in_place = false, | test-engine-luks
-overlap-unchecked   | qcow2_regions_overlap | any   | start:return QCOW2_REGION_NONE;               | test-overlap
+overlap-unchecked   | qcow2_regions_overlap | any   | start:return QCOW2_REGION_NONE;               | test-overlap test-fuzz-corpus
 corrupt-data-trusted | check_data          | any    | start:return COMMIT_STEP_NEXT;                       | test-overlap
 EOF
 )
