@@ -241,6 +241,19 @@ open_snapshots (struct qcow2_image *img, struct qcow2_io *io,
     qcow2_snapshot_describe (&table->snapshots[i], line, sizeof line);
     qcow2_debug (img, "snapshot %s", line);
   }
+  /* Writing keeps every snapshot's L1 table in the list of metadata
+   * regions, one entry a cluster: one too large or outside the file (as
+   * qemu-img check reports it) is refused for writing, before it costs
+   * memory in proportion to what a hostile header claims.
+   */
+  for (i = 0; img->opts.writable && i < table->count; ++i)
+    if (qcow2_snapshot_check (&table->snapshots[i], &im, err,
+                              sizeof err) == -1) {
+      qcow2_error (img, "invalid or unsupported qcow2 image: %s; it can be "
+                   "served read-only (nbdkit -r)", err);
+      r = -EINVAL;
+      goto out;
+    }
   r = 0;
   if (img->opts.snapshot == NULL)
     goto out;
