@@ -117,26 +117,29 @@ refcounts_cover_references (struct qcow2_image *img, struct qcow2_io *io,
   for (c = 0; c < ((uint64_t) h->l1_size * 8 + h->cluster_size - 1) >> bits; ++c)
     REF_METADATA (h->l1_table_offset + (c << bits));
   qcow2_refcount_each_block (img, ref_block, &r);
-  for (i = 0; r.ok && i < h->l1_size; ++i) {
+  /* The walk goes on past a bad entry: the guest check needs every
+   * reference it can see counted.
+   */
+  for (i = 0; i < h->l1_size; ++i) {
     uint64_t l2_offset = qcow2_l1_entry (img, i) & L1E_OFFSET_MASK;
     if (l2_offset == 0)
       continue;
     REF_METADATA (l2_offset);
     size_t n = (size_t) 1 << h->l2_bits;
     uint64_t entries[512];
-    for (j = 0; r.ok && j < n; j += 512) {
+    for (j = 0; j < n; j += 512) {
       size_t got = n - j < 512 ? n - j : 512;
       if (qcow2_l2_entries (img, io, (i << h->l2_bits) + j, &got, entries,
                             NULL, l2) < 0) {
         r.ok = false;
         break;
       }
-      for (size_t k = 0; r.ok && k < got; ++k) {
+      for (size_t k = 0; k < got; ++k) {
         struct cluster_map map;
         if (qcow2_classify (img, (i << h->l2_bits) + j + k, entries[k],
                             &map) < 0) {
           r.ok = false;
-          break;
+          continue;
         }
         if (map.kind == CLUSTER_NORMAL ||
             (map.kind == CLUSTER_ZERO && map.host_offset)) {
