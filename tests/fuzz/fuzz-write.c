@@ -524,7 +524,6 @@ guest_check_free (struct guest_check *gc)
 static void
 quiet (void *opaque, const char *msg)
 {
-  if (getenv ("FW_DEBUG")) fprintf (stderr, "LOG: %s\n", msg);
 }
 
 int
@@ -596,8 +595,6 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     case 3: qcow2_flush (img, io); break;
     case 4: qcow2_read (conn, io, buf, len, off); break;
     }
-    if (getenv ("FW_DEBUG")) for (uint64_t q = 0; q + 4096 <= file.size; q += 4096) if (file.data[q] == 0x41 && file.data[q+4095] == 0x41) fprintf (stderr, "0x41 at 0x%lx\n", (unsigned long) q);
-    if (getenv ("FW_DEBUG")) fprintf (stderr, "op %u kind %u off %lu len %lu r %d l1 0x%lx l1[0]=%02x %02x\n", i, op[0] % 5, (unsigned long) off, (unsigned long) len, r, (unsigned long) img->header.l1_table_offset, file.data[img->header.l1_table_offset], file.data[img->header.l1_table_offset+8]);
     guest_check_between (&gc, &file, &opts, i);
   }
   qcow2_flush (img, io);
