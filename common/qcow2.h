@@ -17,66 +17,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "qcow2-header.h"
-#include "qcow2-io.h"
-#include "qcow2-lock.h"
-
-/* What becomes of host clusters nothing refers to any more (qcow2-discard). */
-enum qcow2_discard {
-  QCOW2_DISCARD_IGNORE,           /* kept by the storage, reused later */
-  QCOW2_DISCARD_UNMAP,            /* discarded in the storage (io.discard) */
-};
-
-/* Whole clusters of zeros in a write (qcow2-detect-zeroes, as qemu's
- * detect-zeroes).
- */
-enum qcow2_detect_zeroes {
-  QCOW2_DETECT_ZEROES_OFF,        /* written as data */
-  QCOW2_DETECT_ZEROES_ON,         /* zero clusters that keep their host
-                                     cluster */
-  QCOW2_DETECT_ZEROES_UNMAP,      /* zero clusters; host cluster released */
-};
-
-struct qcow2_options {
-  bool writable;                  /* open for writing */
-  unsigned threads;               /* pool workers per connection; 0: none */
-  unsigned compress_threads;      /* per image, at most one per CPU; 0: 1 */
-  uint64_t request_size;          /* largest coalesced read underneath */
-  uint64_t l2_cache_size;         /* bytes */
-  uint64_t cluster_cache_size;    /* bytes */
-  bool compress;                  /* store whole-cluster writes compressed */
-  int compression_level;          /* the codec's level; 0: its default */
-  const char *backing_path;       /* the backing file, overriding the header */
-  const char *image_dir;          /* where relative backing names start */
-  /* The directories (absolute, symbolic links resolved, NULL-terminated)
-   * that a backing file named in an image header may be in, at any
-   * depth of the chain (qcow2-backing.h); NULL: none, and only
-   * backing_path is opened.
-   */
-  const char *const *backing_dirs;
-  unsigned backing_depth;         /* 0; the engine counts the chain */
-  bool growable;                  /* writes may extend the storage */
-  enum qcow2_discard discard;
-  enum qcow2_detect_zeroes detect_zeroes;
-  enum qcow2_lock_policy locking; /* for the backing files it opens */
-  unsigned debug;                 /* QCOW2_DEBUG_* bits */
-  /* The passphrase of a LUKS-encrypted image (NUL-terminated), or NULL. */
-  const char *passphrase;
-  /* Master keys unlocked before, shared by the images opened with it
-   * (see qcow2_key_cache_new), or NULL: every open unlocks.
-   */
-  struct qcow2_key_cache *key_cache;
-  /* Serve this internal snapshot instead of the active disk, read-only:
-   * an ID or a name, or "snapshot.id=ID,snapshot.name=NAME" (qemu-img
-   * convert -l's argument); NULL: the active disk.
-   */
-  const char *snapshot;
-};
-
-/* What qcow2_log.debug receives. */
-#define QCOW2_DEBUG_IMAGE 1u      /* opening: header, extensions, backing */
-#define QCOW2_DEBUG_MAP   2u      /* each request: its clusters by kind */
-#define QCOW2_DEBUG_POOL  4u      /* each batch: who ran its jobs */
+#include "base/io.h"
+#include "base/options.h"
+#include "format/header.h"
 
 /* What qcow2_create makes. */
 struct qcow2_create_options {
@@ -186,8 +129,7 @@ int qcow2_read (struct qcow2_conn *conn, struct qcow2_io *io,
  * early only at a bad entry, after at least one range (the next request
  * gets the error).
  */
-typedef int (*qcow2_extent_fn) (void *opaque, uint64_t offset,
-                                uint64_t length, bool zero);
+
 int qcow2_extents (struct qcow2_conn *conn, struct qcow2_io *io,
                    uint64_t offset, uint64_t count,
                    qcow2_extent_fn fn, void *opaque);

@@ -13,7 +13,7 @@
 
 #include "nbdkit.h"
 #include "locks.h"
-#include "params.h"
+#include "base/lockorder.h"
 
 /* One file locked on a descriptor of our own. */
 struct held_file {
@@ -32,7 +32,15 @@ struct export_locks {
   struct held_file *backing;    /* the backing files seen so far */
 };
 
-static pthread_mutex_t locks_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Guards EXPORTS and what they hold.  It is held across opening and
+ * locking files and across a locks_confirm_fn (which reads through the
+ * plugin under the filter: nbdkit's locks, none of ours or the
+ * engine's), so it is taken with no lock of the glue or the engine
+ * held, and nothing takes one under it.  Exports open one at a time
+ * here, but nothing waits for it long: no image is opened under it.
+ */
+static struct qcow2_mutex locks_lock =
+  QCOW2_MUTEX_INITIALIZER (QCOW2_RANK_EXPORT_LOCKS, "export locks");
 static struct export_locks *exports;
 
 static void
@@ -113,11 +121,12 @@ subject (const char *key, char *buf, size_t len)
  * to do about it (see locks.h).
  */
 static int
-cannot_lock (const char *key, bool writable, const char *reason)
+cannot_lock (enum qcow2_lock_policy policy, const char *key, bool writable,
+             const char *reason)
 {
   char who[300];
 
-  if (engine_options.locking == QCOW2_LOCK_AUTO) {
+  if (policy == QCOW2_LOCK_AUTO) {
     nbdkit_error ("qcow2zstd: warning: %s%s: the image is served without a "
                   "lock (qcow2-locking=auto): another process writing it "
                   "would go unnoticed", subject (key, who, sizeof who),
@@ -142,18 +151,17 @@ cannot_lock (const char *key, bool writable, const char *reason)
  * nbdkit_error.
  */
 static int
-lock_or_report (int fd, const char *path, bool writable, const char *key)
+lock_or_report (enum qcow2_lock_policy policy, int fd, const char *path,
+                bool writable, const char *key)
 {
   char err[1024], who[300];
   int r;
 
-  r = qcow2_lock_fd (fd, path,
-                     qcow2_lock_perms_for (writable, engine_options.locking),
+  r = qcow2_lock_fd (fd, path, qcow2_lock_perms_for (writable, policy),
                      err, sizeof err);
   if (r == 0)
     return 1;
-  if (qcow2_lock_unsupported (r) &&
-      engine_options.locking == QCOW2_LOCK_AUTO) {
+  if (qcow2_lock_unsupported (r) && policy == QCOW2_LOCK_AUTO) {
     nbdkit_error ("qcow2zstd: warning: %s%s: served without a lock "
                   "(qcow2-locking=auto)", subject (key, who, sizeof who),
                   err);
@@ -165,8 +173,9 @@ lock_or_report (int fd, const char *path, bool writable, const char *key)
 
 /* Open, confirm and lock PATH for E.  As locks_hold_image. */
 static int
-lock_new_image (struct export_locks *e, const char *key, const char *path,
-                bool writable, locks_confirm_fn *confirm, void *opaque)
+lock_new_image (enum qcow2_lock_policy policy, struct export_locks *e,
+                const char *key, const char *path, bool writable,
+                locks_confirm_fn *confirm, void *opaque)
 {
   char why[1024], who[300];
   uint64_t size;
@@ -174,12 +183,12 @@ lock_new_image (struct export_locks *e, const char *key, const char *path,
 
   r = qcow2_lock_open (path, &fd, &size, why, sizeof why);
   if (r < 0)
-    return cannot_lock (key, writable, why);
+    return cannot_lock (policy, key, writable, why);
   if (confirm && !confirm (opaque, fd, size, path, why, sizeof why)) {
     close (fd);
-    return cannot_lock (key, writable, why);
+    return cannot_lock (policy, key, writable, why);
   }
-  r = lock_or_report (fd, path, writable, key);
+  r = lock_or_report (policy, fd, path, writable, key);
   if (r <= 0) {
     close (fd);
     return r;
@@ -196,26 +205,25 @@ lock_new_image (struct export_locks *e, const char *key, const char *path,
 }
 
 int
-locks_hold_image (const char *key, const char *path, bool writable,
+locks_hold_image (enum qcow2_lock_policy policy, const char *key,
+                  const char *path, bool writable,
                   locks_confirm_fn *confirm, void *opaque)
 {
   struct export_locks *e;
   char err[1024];
   int r = 0;
 
-  if (engine_options.locking == QCOW2_LOCK_OFF)
+  if (policy == QCOW2_LOCK_OFF)
     return 0;
-  pthread_mutex_lock (&locks_lock);
+  qcow2_mutex_lock (&locks_lock);
   e = export_of (key ? key : "");
   if (e == NULL)
     r = -1;
   else if (e->image && same_file (e->image, path)) {
     if (writable && !e->image->writable) {
       r = qcow2_lock_upgrade (e->image->fd, path,
-                              qcow2_lock_perms_for (false,
-                                                    engine_options.locking),
-                              qcow2_lock_perms_for (true,
-                                                    engine_options.locking),
+                              qcow2_lock_perms_for (false, policy),
+                              qcow2_lock_perms_for (true, policy),
                               err, sizeof err);
       if (r < 0)
         nbdkit_error ("qcow2zstd: %s", err);
@@ -230,13 +238,14 @@ locks_hold_image (const char *key, const char *path, bool writable,
     free_files (e->image);
     free_files (e->backing);
     e->image = e->backing = NULL;
-    r = lock_new_image (e, key, path, writable, confirm, opaque);
+    r = lock_new_image (policy, e, key, path, writable, confirm, opaque);
   }
-  pthread_mutex_unlock (&locks_lock);
+  qcow2_mutex_unlock (&locks_lock);
   return r < 0 ? -1 : 0;
 }
 
 struct backing_walk {
+  enum qcow2_lock_policy policy;
   struct export_locks *e;
   const char *key;
 };
@@ -258,7 +267,7 @@ hold_backing_file (void *opaque, const char *path)
     nbdkit_error ("qcow2zstd: backing file: %s", err);
     return -1;
   }
-  r = lock_or_report (fd, path, false, w->key);
+  r = lock_or_report (w->policy, fd, path, false, w->key);
   if (r <= 0) {
     close (fd);
     return r;
@@ -274,27 +283,28 @@ hold_backing_file (void *opaque, const char *path)
 }
 
 int
-locks_hold_backing (const char *key, const struct qcow2_image *image)
+locks_hold_backing (enum qcow2_lock_policy policy, const char *key,
+                    const struct qcow2_image *image)
 {
-  struct backing_walk w = { .key = key };
+  struct backing_walk w = { .policy = policy, .key = key };
   int r = 0;
 
-  if (engine_options.locking == QCOW2_LOCK_OFF)
+  if (policy == QCOW2_LOCK_OFF)
     return 0;
-  pthread_mutex_lock (&locks_lock);
+  qcow2_mutex_lock (&locks_lock);
   w.e = export_of (key ? key : "");
   if (w.e == NULL)
     r = -1;
   else
     r = qcow2_image_backing_files (image, hold_backing_file, &w);
-  pthread_mutex_unlock (&locks_lock);
+  qcow2_mutex_unlock (&locks_lock);
   return r;
 }
 
 void
 locks_release_all (void)
 {
-  pthread_mutex_lock (&locks_lock);
+  qcow2_mutex_lock (&locks_lock);
   while (exports) {
     struct export_locks *e = exports;
     exports = e->next;
@@ -303,5 +313,5 @@ locks_release_all (void)
     free (e->key);
     free (e);
   }
-  pthread_mutex_unlock (&locks_lock);
+  qcow2_mutex_unlock (&locks_lock);
 }

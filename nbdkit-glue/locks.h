@@ -6,7 +6,7 @@
  * Between two clients of an export, qemu-img info and qemu-io (without
  * -U) and a second server that would write are refused, as while a
  * client is connected: a client that reconnects finds the disk as it
- * left it.  The locks are open file description locks (qcow2-lock.h) on
+ * left it.  The locks are open file description locks (base/filelock.h) on
  * descriptors of our own, so they go when nbdkit exits or is killed.
  *
  * Each export (a key: the filter's export name; the plugin's "") holds
@@ -14,10 +14,11 @@
  * exports that reach one file conflict as two processes would.
  *
  * Offers: locks_hold_image, locks_hold_backing, locks_release_all.
- * Locks: one mutex of its own around the table; call it with no engine
- * lock held (the filter calls it under its registry lock, which is
- * above it).
- * Needs: qcow2-lock.h, engine_options.locking, nbdkit_error.
+ * Locks: locks_lock (see locks.c), front-end lock 3 of README.md: taken
+ * with no other lock of the glue's or the engine's held, and none taken
+ * under it.
+ * Needs: base/filelock.h, the qcow2-locking policy (passed in),
+ * nbdkit_error.
  */
 #ifndef QCOW2ZSTD_LOCKS_H
 #define QCOW2ZSTD_LOCKS_H
@@ -42,22 +43,24 @@ typedef bool locks_confirm_fn (void *opaque, int fd, uint64_t size,
  * elsewhere) drops it first.  CONFIRM (NULL: the caller opens PATH
  * itself) says whether a newly opened PATH is the file served.
  *
- * Returns 0 when the image may be opened: locked, or with
- * qcow2-locking=off, or served unlocked because nothing could be
+ * POLICY is qcow2-locking's.  Returns 0 when the image may be opened:
+ * locked, or with qcow2-locking=off, or served unlocked because nothing could be
  * locked where that is allowed: read-only with qcow2-locking=on, and
  * either way with qcow2-locking=auto (which says so at error level).
  * Returns -1 after nbdkit_error when it may not: someone else holds the
  * image, or with qcow2-locking=on a file to be written that cannot be
  * locked or confirmed (the message names the reason and the remedy).
  */
-int locks_hold_image (const char *key, const char *path, bool writable,
+int locks_hold_image (enum qcow2_lock_policy policy, const char *key,
+                      const char *path, bool writable,
                       locks_confirm_fn *confirm, void *opaque);
 
 /* Hold, for export KEY, read locks on every backing file IMAGE opened
  * (the engine locks them too, but only while the image is open).  0, or
  * -1 after nbdkit_error.
  */
-int locks_hold_backing (const char *key, const struct qcow2_image *image);
+int locks_hold_backing (enum qcow2_lock_policy policy, const char *key,
+                        const struct qcow2_image *image);
 
 /* Drop every lock (nbdkit is unloading). */
 void locks_release_all (void);

@@ -14,16 +14,26 @@
 #include "nbdkit.h"
 #include "params.h"
 #include "cmdline.h"
-#include "qcow2-codec.h"
-#include "qcow2-crypto.h"
+#include "format/codec.h"
+#include "format/crypto.h"
 
-/* -D qcow2zstd.FLAG=1 (see params.h). */
+/* -D qcow2zstd.FLAG=1: nbdkit sets these before any call of ours, by
+ * their names (the only reason they are not static); read once, by
+ * params_complete.
+ *   image: opening an image: header, extensions, backing.
+ *   map: each request: its clusters by kind, cache hits.
+ *   pool: each batch: jobs run by the caller and the workers.
+ *   stats: counters and cache hit rates when an image closes.
+ */
 NBDKIT_DLL_PUBLIC int qcow2zstd_debug_image;
 NBDKIT_DLL_PUBLIC int qcow2zstd_debug_map;
 NBDKIT_DLL_PUBLIC int qcow2zstd_debug_pool;
 NBDKIT_DLL_PUBLIC int qcow2zstd_debug_stats;
 
-struct qcow2_options engine_options = {
+/* The parameters as they are parsed: written only while nbdkit
+ * configures (one thread), then copied out by params_complete.
+ */
+static struct qcow2_options engine_options = {
   .threads = 0,                 /* set in params_complete */
   .request_size = QCOW2_DEFAULT_REQUEST_SIZE,
   .l2_cache_size = QCOW2_DEFAULT_L2_CACHE_SIZE,
@@ -34,8 +44,8 @@ struct qcow2_options engine_options = {
   .discard = QCOW2_DISCARD_UNMAP,
   .detect_zeroes = QCOW2_DETECT_ZEROES_OFF,     /* qemu's default */
 };
-bool create_requested;
-struct qcow2_create_options create_options = {
+static bool create_requested;
+static struct qcow2_create_options create_options = {
   .cluster_bits = 16,
   .compression_type = QCOW2_COMPRESSION_ZSTD,
 };
@@ -43,9 +53,7 @@ struct qcow2_create_options create_options = {
 static unsigned threads_param;  /* 0: not given */
 static int compress_param = -1; /* -1: not given */
 static bool create_details_given;
-static bool level_given;
 static int force_share_param;   /* qcow2-force-share */
-int params_readonly = -1;
 static bool encrypt_details_given;  /* qcow2-encrypt-iter-time */
 static char *passphrase;        /* from nbdkit_read_password */
 static char *snapshot;
@@ -56,32 +64,27 @@ static char *snapshot;
 void
 params_dump_if_asked (void)
 {
-  char args[8192];
-  FILE *fp = fopen ("/proc/self/cmdline", "r");
-  size_t len, i;
+  struct nbdkit_cmdline cl;
   char versions[128];
+  char names[64];
 
-  if (fp == NULL)
+  if (cmdline_read (&cl) == -1)
     return;
-  len = fread (args, 1, sizeof args - 1, fp);
-  fclose (fp);
-  args[len] = '\0';
-  for (i = 0; i < len; i += strlen (args + i) + 1) {
-    if (strcmp (args + i, "--dump-plugin") == 0) {
-      qcow2_codec_versions (versions, sizeof versions);
-      /* nbdkit's version= line is nbdkit's own for a filter. */
-      printf ("qcow2zstd_version=%s\n", PACKAGE_VERSION);
-      printf ("qcow2zstd_codecs=zlib,zstd\n");
-      printf ("qcow2zstd_codec_versions=%s\n", versions);
+  if (cl.dump_plugin) {
+    qcow2_codec_versions (versions, sizeof versions);
+    /* nbdkit's version= line is nbdkit's own for a filter. */
+    printf ("qcow2zstd_version=%s\n", PACKAGE_VERSION);
+    qcow2_codec_names (names, sizeof names);
+    printf ("qcow2zstd_codecs=%s\n", names);
+    printf ("qcow2zstd_codec_versions=%s\n", versions);
 #ifdef HAVE_LIBDEFLATE
-      printf ("qcow2zstd_deflate_decoder=libdeflate\n");
+    printf ("qcow2zstd_deflate_decoder=libdeflate\n");
 #else
-      printf ("qcow2zstd_deflate_decoder=zlib\n");
+    printf ("qcow2zstd_deflate_decoder=zlib\n");
 #endif
-      fflush (stdout);
-      return;
-    }
+    fflush (stdout);
   }
+  cmdline_free (&cl);
 }
 
 static uint64_t
@@ -153,15 +156,17 @@ note_image_path (const char *key, const char *value)
 }
 
 char *
-params_local_image (const char *exportname)
+params_local_image (const struct glue_options *options,
+                    const char *exportname)
 {
   char *path = NULL;
 
-  if (image_file)
-    return strdup (image_file);
+  if (options->image_file)
+    return strdup (options->image_file);
   /* The file plugin's dir= serves the file the export is named after. */
-  if (image_dir && exportname[0] != '\0' && strchr (exportname, '/') == NULL &&
-      asprintf (&path, "%s/%s", image_dir, exportname) == -1)
+  if (options->image_dir && exportname[0] != '\0' &&
+      strchr (exportname, '/') == NULL &&
+      asprintf (&path, "%s/%s", options->image_dir, exportname) == -1)
     path = NULL;
   return path;
 }
@@ -351,13 +356,13 @@ params_config (const char *key, const char *value)
     return 0;
   }
   if (strcmp (key, "qcow2-compression-type") == 0) {
-    if (strcmp (value, "zstd") == 0)
-      create_options.compression_type = QCOW2_COMPRESSION_ZSTD;
-    else if (strcmp (value, "zlib") == 0)
-      create_options.compression_type = QCOW2_COMPRESSION_ZLIB;
-    else {
-      nbdkit_error ("%s: unknown compression type '%s' (zlib or zstd)",
-                    key, value);
+    if (qcow2_compression_by_name (value,
+                                   &create_options.compression_type) == -1) {
+      char names[64];
+
+      qcow2_codec_names (names, sizeof names);
+      nbdkit_error ("%s: unknown compression type '%s' (one of %s)",
+                    key, value, names);
       return -1;
     }
     create_details_given = true;
@@ -419,7 +424,6 @@ params_config (const char *key, const char *value)
     return 0;
   }
   if (strcmp (key, "qcow2-compression-level") == 0) {
-    level_given = true;
     if (nbdkit_parse_int (key, value, &engine_options.compression_level) == -1)
       return -1;
     /* The codec's own range is checked when the image's type is known. */
@@ -433,32 +437,42 @@ params_config (const char *key, const char *value)
   return 1;
 }
 
-int
-params_check_level (enum qcow2_compression type)
+/* A level given on the command line (0: none, the codec's default)
+ * fits TYPE.
+ */
+static int
+check_level (int level, enum qcow2_compression type)
 {
   int min, max;
 
-  if (!level_given)
+  if (level == 0)
     return 0;
   qcow2_compression_level_range (type, &min, &max);
-  if (engine_options.compression_level < min ||
-      engine_options.compression_level > max) {
+  if (level < min || level > max) {
     nbdkit_error ("qcow2-compression-level: %d is out of range for %s "
-                  "(%d to %d)", engine_options.compression_level,
-                  qcow2_compression_name (type), min, max);
+                  "(%d to %d)", level, qcow2_compression_name (type),
+                  min, max);
     return -1;
   }
   return 0;
+}
+
+int
+params_check_level (const struct glue_options *options,
+                    enum qcow2_compression type)
+{
+  return check_level (options->engine.compression_level, type);
 }
 
 /* What can be wrong on the command line but no single parameter shows,
  * checked before anything is opened or formatted.
  */
 static int
-check_startup (void)
+check_startup (int readonly)
 {
-  params_readonly = cmdline_readonly ();
-  if (create_requested && params_readonly == 1) {
+  bool level_given = engine_options.compression_level != 0;
+
+  if (create_requested && readonly == 1) {
     nbdkit_error ("qcow2-create: cannot create an image read-only "
                   "(nbdkit -r)");
     return -1;
@@ -472,7 +486,8 @@ check_startup (void)
    * when it is opened (or, in the plugin form, read at start-up).
    */
   if (create_requested &&
-      params_check_level (create_options.compression_type) == -1)
+      check_level (engine_options.compression_level,
+                   create_options.compression_type) == -1)
     return -1;
   if (level_given && compress_param == 0) {
     nbdkit_error ("qcow2-compression-level: only applies to compressed "
@@ -481,7 +496,7 @@ check_startup (void)
   }
   if (force_share_param == 1) {
     /* qemu's force-share=on likewise demands a read-only image. */
-    if (params_readonly != 1) {
+    if (readonly != 1) {
       nbdkit_error ("qcow2-force-share: only applies with -r (nbdkit "
                     "--readonly): an image opened for writing cannot "
                     "share its write permission");
@@ -494,9 +509,11 @@ check_startup (void)
 }
 
 int
-params_complete (void)
+params_complete (struct glue_options *options)
 {
   unsigned threads = threads_param;
+  struct nbdkit_cmdline cl;
+  int readonly;
 
   if (threads == 0) {
     long cpus = sysconf (_SC_NPROCESSORS_ONLN);
@@ -559,7 +576,10 @@ params_complete (void)
       return -1;
     }
   }
-  if (check_startup () == -1 || settle_backing_dirs () == -1)
+  cmdline_read (&cl);
+  readonly = cl.readonly;
+  cmdline_free (&cl);
+  if (check_startup (readonly) == -1 || settle_backing_dirs () == -1)
     return -1;
   /* nbdkit sets the -D flags before configuring. */
   engine_options.debug =
@@ -571,6 +591,16 @@ params_complete (void)
    */
   engine_options.compress = compress_param == -1
     ? create_requested && !create_options.encrypt : compress_param;
+
+  *options = (struct glue_options) {
+    .engine = engine_options,
+    .create = create_requested,
+    .create_options = create_options,
+    .readonly = readonly,
+    .image_file = image_file,
+    .image_dir = image_dir,
+    .log_stats = qcow2zstd_debug_stats,
+  };
   return 0;
 }
 
@@ -579,8 +609,6 @@ params_log_stats (struct qcow2_image *img, const char *exportname)
 {
   struct qcow2_stats s;
 
-  if (!qcow2zstd_debug_stats)
-    return;
   qcow2_image_get_stats (img, &s);
   nbdkit_debug ("qcow2zstd: stats for export '%s': %" PRIu64 " clusters "
                 "decompressed, cluster cache %" PRIu64 " hits %" PRIu64

@@ -9,46 +9,55 @@
 
 #include "qcow2.h"
 
-/* -D qcow2zstd.image=1: opening an image: header, extensions, backing.
- * -D qcow2zstd.map=1: each request: its clusters by kind, cache hits.
- * -D qcow2zstd.pool=1: each batch: jobs run by the caller and the workers.
- * -D qcow2zstd.stats=1: counters and cache hit rates when an image closes.
+/* The parameters, settled by params_complete: what every open of an
+ * image starts from.  The front ends keep them as a value from
+ * start-up on and pass them down; nothing changes them afterwards.
  */
-extern int qcow2zstd_debug_image;
-extern int qcow2zstd_debug_map;
-extern int qcow2zstd_debug_pool;
-extern int qcow2zstd_debug_stats;
-
-/* params.c: the parameters, settled by params_complete. */
-extern struct qcow2_options engine_options;
-extern bool create_requested;
-extern struct qcow2_create_options create_options;
-
-/* 1: nbdkit -r was given; 0: not; -1: unknown (cmdline.h).  Set by
- * params_complete.
- */
-extern int params_readonly;
+struct glue_options {
+  /* The engine's options; writable, growable and room_file are set for
+   * each open (registry.h), on a copy.
+   */
+  struct qcow2_options engine;
+  bool create;                  /* qcow2-create=SIZE was given */
+  struct qcow2_create_options create_options;
+  /* 1: nbdkit -r was given; 0: not; -1: unknown (cmdline.h). */
+  int readonly;
+  /* The file the plugin under the filter was given (file=, resolved)
+   * and the directory (the file's, or dir=): where relative backing file
+   * names start.  NULL when not given.  The plugin form's file= passes
+   * here too.
+   */
+  const char *image_file;
+  const char *image_dir;
+  bool log_stats;               /* -D qcow2zstd.stats=1 */
+};
 
 /* A qcow2-compression-level given on the command line fits TYPE (0),
  * or not (-1, after nbdkit_error).
  */
-int params_check_level (enum qcow2_compression type);
+int params_check_level (const struct glue_options *options,
+                        enum qcow2_compression type);
 
 /* The local file that the plugin under the filter serves for
  * EXPORTNAME: the file named by file=, or with dir= the file of that
  * name in the directory.  NULL if neither was given (or out of memory).
  * The caller frees it.
  */
-char *params_local_image (const char *exportname);
+char *params_local_image (const struct glue_options *options,
+                          const char *exportname);
 
 /* Handle KEY=VALUE if it is one of ours: 0 done, -1 error, 1 not ours.
  * file= and dir= (the file plugin's, or the plugin form's own file=) are
  * noted, for resolving relative backing file names, and passed on.
  */
 int params_config (const char *key, const char *value);
-int params_complete (void);
+/* Settle the parameters into *OPTIONS: 0, or -1 after nbdkit_error
+ * when they do not fit together.
+ */
+int params_complete (struct glue_options *options);
 void params_dump_if_asked (void);
 void params_unload (void);
+/* The statistics line of IMG, for -D qcow2zstd.stats=1. */
 void params_log_stats (struct qcow2_image *img, const char *name);
 /* The engine's extent callback: adds to a struct nbdkit_extents. */
 int params_add_extent (void *extents, uint64_t offset, uint64_t length,

@@ -612,6 +612,41 @@ image_dirty ()
     [ $(( $(header_u64 "$1" 72) & 1 )) = 1 ]
 }
 
+# write_errno URI OFFSET LENGTH BYTE: one write through NBD of LENGTH
+# bytes of BYTE (or of random bytes, for BYTE "random") at OFFSET, then
+# a flush; prints "ok", or "errno NAME" of the one that failed.  Needs
+# requires_nbd_python.
+write_errno ()
+{
+    $PYTHON - "$@" <<'EOF'
+import nbd, os, sys
+uri, byte = sys.argv[1], sys.argv[4]
+offset, length = int(sys.argv[2], 0), int(sys.argv[3], 0)
+data = os.urandom(length) if byte == "random" else bytes([int(byte, 0)]) * length
+h = nbd.NBD()
+h.connect_uri(uri)
+try:
+    h.pwrite(data, offset)
+    h.flush()
+except nbd.Error as e:
+    print("errno", e.errno)
+else:
+    print("ok")
+EOF
+}
+
+# no_room_names_no_file LOG WHAT: LOG holds the message of a full image
+# where no file can be given room: it ends at "reconnect", and nothing
+# in LOG tells to truncate.
+no_room_names_no_file ()
+{
+    grep -q "no room in the image file: .*give the image room and reconnect$" "$1" ||
+        { cat "$1"; fail "$2: no message for the full image"; }
+    if grep -q "truncate" "$1"; then
+        cat "$1"; fail "$2: the message tells to truncate a file there is not"
+    fi
+}
+
 # Lists of operations, one a line: "w OFFSET LENGTH PATTERN" (LENGTH
 # bytes of the byte PATTERN), "z OFFSET LENGTH" (zero), "t OFFSET LENGTH"
 # (trim or discard), "f" (flush).

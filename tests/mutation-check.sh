@@ -48,15 +48,17 @@ abort-at-finalize   | qcow2zstd_finalize   | filter | before-last:^\s*return 0;:
 hang-at-unload      | qcow2zstd_unload     | filter | start:{ extern int pause (void); for (;;) pause (); } | test-qemu-client test-debug test-backing
 dropped-write-errors | next_pwrite         | any    | replace:^\s*return -\(:      return 0;        | test-faults test-create
 trims-do-nothing    | qcow2_trim           | any    | start:return 0;                               | test-write-random test-hostile test-backing test-qemu-client test-engine-write
-l2-not-written      | write_l2             | any    | start:return 0;                               | test-write-random test-crash test-qemu-client test-plugin test-engine-writeback
+l2-not-written      | qcow2_dirty_copy_write | any    | start:return 0;                               | test-write-random test-crash test-qemu-client test-plugin test-engine-writeback
 fua-ignored         | qcow2_write          | any    | start:fua = false;                            | test-stacks test-crash test-plugin-durability
 fua-ignored         | qcow2_zero           | any    | start:fua = false;                            |
 fua-ignored         | qcow2_trim           | any    | start:fua = false;                            |
-discard-too-early   | writeback_serialized | any    | before-last:^\s*/\* 2\. L2 tables:pthread_rwlock_wrlock (&img->lock); if (releases && qcow2_apply_frees (img, io, &s.frees) == 0) (void) qcow2_alloc_reuse_released (img, io); releases = false; pthread_rwlock_unlock (&img->lock); | test-power-loss
+discard-too-early   | writeback_serialized | any    | before-last:^\s*/\* 2\. L2 tables:qcow2_rwlock_wrlock (&img->lock); if (releases && qcow2_apply_frees (img, io, &c.frees) == 0 && qcow2_alloc_released (img)) (void) qcow2_alloc_reuse_released (img, io); releases = false; qcow2_rwlock_unlock (&img->lock); | test-power-loss
 snapshot-cow-skipped | owned_alone         | any    | start:*alone = map->kind == CLUSTER_NORMAL; return 0; | test-snapshots test-engine-snapshots test-power-loss
 snapshot-l2-in-place | table_shared        | any    | start:*shared = false; *refcount = 1; return 0; | test-snapshots test-engine-snapshots
 plaintext-encrypted | qcow2_sectors_encrypt | any    | start:return 0;                               | test-encrypted test-engine-luks test-power-loss
-encrypted-sector-race | change_piece       | any    | replace:^\s*claims = allocates .*crypt\.enabled:  claims = allocates; | test-engine-luks
+encrypted-sector-race | qcow2_change_range | any    | replace:^\s*\.claim_in_place = qcow2_image_encrypted:    .claim_in_place = false, | test-engine-luks
+overlap-unchecked   | qcow2_regions_overlap | any   | start:return QCOW2_REGION_NONE;               | test-overlap test-fuzz-corpus
+corrupt-data-trusted | check_data          | any    | start:return COMMIT_STEP_NEXT;                       | test-overlap
 EOF
 )
 

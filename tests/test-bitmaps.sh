@@ -13,7 +13,8 @@
 # qemu reports them inconsistent.  Bitmaps that cannot be
 # kept (an unknown flag, an unknown type) are dropped as before, with the
 # reason in the log; a bitmap table outside the file or on top of the L1
-# table refuses writing, and nothing is written.
+# table refuses writing (at start-up over the file plugin with file=,
+# at open with dir=), and nothing is written.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-img qemu-io qemu-nbd nbdinfo nbdcopy
 requires_nbd_python
@@ -244,8 +245,15 @@ for bad in "eof+65536 lies outside the file" \
     cp base.qcow2 bad.qcow2
     "${BITMAPS[@]}" bad.qcow2 set daily table_offset "$value"
     sum=$(sha256sum < bad.qcow2)
-    start_server "$PWD/sock" file bad.qcow2
-    nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "table at $value: opened for writing"
+    # Over the file plugin with file=, at start-up.
+    if run_nbdkit -U - --filter="$FILTER" file bad.qcow2 --run true 2> start.err; then
+        fail "table at $value: nbdkit started to write it"
+    fi
+    grep -q "persistent bitmaps: bitmap 'daily'.*$message" start.err ||
+        { cat start.err; fail "table at $value: no '$message' at start-up"; }
+    # With dir=, when a client names it.
+    start_server "$PWD/sock" file dir="$PWD"
+    nbdinfo "nbd+unix:///bad.qcow2?socket=$PWD/sock" > /dev/null 2>&1 && fail "table at $value: opened for writing"
     stop_server
     said=$(grep -o "persistent bitmaps: bitmap 'daily'.*$message[^;]*" "$PWD/sock.log" | head -n 1) ||
         { cat "$PWD/sock.log"; fail "table at $value: no '$message' in the log"; }

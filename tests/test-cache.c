@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-cache.h"
+#include "base/cache.h"
 #include "unit.h"
 #include "util.h"
 

@@ -18,7 +18,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
-#include "qcow2-codec.h"
+#include "format/codec.h"
 #include "unit.h"
 #include "util.h"
 

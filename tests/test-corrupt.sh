@@ -3,8 +3,11 @@
 # Corrupt images: every field the filter validates, broken one at a time in
 # a copy of a good image made by qemu.
 #
-# Header-level damage must make every connection fail at open with an
-# error naming the field, while the server stays up.  Damage to one
+# Header-level damage must stop nbdkit at start-up with an error naming
+# the field (the filter right over the file plugin with file=, before it
+# serves anyone or runs --run), and where the filter learns the file
+# only when a client names it (dir=) make every connection fail at open
+# with that error, while the server stays up.  Damage to one
 # cluster (L1/L2 entries, compressed data) must fail reads of that cluster
 # with EIO and a message saying why, while the rest of the disk still
 # reads correctly on the same connection.  In every case the image file
@@ -110,16 +113,31 @@ count_in_log ()
     grep -c -E -- "$1" "$2" || true
 }
 
-# expect_open_failure NAME IMAGE PATTERN: connections to the image must
-# fail at open with an error matching PATTERN, the server staying up.
+# expect_open_failure NAME IMAGE PATTERN: with file=, nbdkit refuses to
+# start with an error matching PATTERN (START_ERROR instead, if set);
+# with dir=, connections to the image fail at open with that error, the
+# server staying up.
 expect_open_failure ()
 {
     local name=$1 img=$2 pattern=$3
     local sock="$T/$name.sock" uri sum n
 
     sum=$(cksum < "$img")
-    start_server "$sock" file "$img" || fail "$name: nbdkit did not start"
-    uri=$(nbd_uri "$sock")
+    rm -f "$T/ran"
+    if run_nbdkit -U - --filter="$FILTER" file "$img" --run "touch $T/ran" \
+        2> "$sock.start"; then
+        fail "$name: nbdkit started"
+    fi
+    [ ! -e "$T/ran" ] || fail "$name: nbdkit served the image (--run ran)"
+    n=$(count_in_log "qcow2zstd: .*${START_ERROR:-${OPEN_ERROR_PREFIX-invalid or unsupported qcow2 image: }.*$pattern}" "$sock.start")
+    if [ "$n" -lt 1 ]; then
+        cat "$sock.start" >&2
+        fail "$name: no error at start-up matching '${START_ERROR:-$pattern}'"
+    fi
+    check_no_crash "$sock.start" "$name"
+
+    start_server "$sock" file dir="$(dirname "$img")" || fail "$name: nbdkit did not start"
+    uri="nbd+unix:///$(basename "$img")?socket=$sock"
 
     if nbdinfo "$uri" >"$sock.client1" 2>&1; then
         fail "$name: nbdinfo succeeded on a corrupt image"
@@ -146,7 +164,7 @@ expect_open_failure ()
     check_no_crash "$sock.log" "$name"
     stop_server
     [ "$(cksum < "$img")" = "$sum" ] || fail "$name: the image was modified"
-    echo "ok: $name (open refused: $pattern)"
+    echo "ok: $name (refused at start-up, and at open with dir=: $pattern)"
 }
 
 # expect_read_failure NAME IMAGE RAW PATTERN BAD GOOD: the connection
@@ -379,7 +397,8 @@ expect_open_failure truncated-header "$T/truncated.qcow2" 'too small for a qcow2
 head -c 100 "$T/norm.qcow2" > "$T/truncated-v3.qcow2"
 expect_open_failure truncated-v3-header "$T/truncated-v3.qcow2" 'too small for a qcow2 v3 header'
 : > "$T/empty.qcow2"
-expect_open_failure empty-file "$T/empty.qcow2" 'too small for a qcow2 header'
+START_ERROR="empty.qcow2: the file is empty, not a qcow2 image" \
+    expect_open_failure empty-file "$T/empty.qcow2" 'too small for a qcow2 header'
 
 # ------------------------------------------------------------ clusters
 img=$(copy_image norm l2-reserved-low); patch "$img" l2-or 0 0x2

@@ -240,15 +240,25 @@ expect_startup_error "cluster size without create" "only apply with qcow2-create
 expect_startup_error "bad boolean" qcow2-compress qcow2-compress=maybe
 
 # A device whose first cluster holds data is not formatted, and is left
-# as it was.
+# as it was: refused at start-up over nbdkit's file plugin with file=
+# (--run never runs), and when the first client connects where the
+# filter learns the file only then (dir=).
 cp existing.qcow2 taken.qcow2
 before=$(md5sum < taken.qcow2)
-start_server "$PWD/sock" file taken.qcow2 qcow2-create=1M
-nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "a non-empty device was formatted"
+rm -f ran
+if run_nbdkit -U - --filter="$FILTER" file taken.qcow2 qcow2-create=1M \
+       --run 'touch ran' 2> start.err; then
+    fail "a non-empty device: nbdkit started"
+fi
+[ ! -e ran ] || fail "a non-empty device: --run ran"
+grep -q "taken.qcow2 is not empty: its first cluster is not all zeros" start.err ||
+    { cat start.err; fail "no message at start-up for a non-empty device"; }
+start_server "$PWD/sock" file dir="$PWD" qcow2-create=1M
+nbdinfo "nbd+unix:///taken.qcow2?socket=$PWD/sock" > /dev/null 2>&1 && fail "a non-empty device was formatted"
 grep -q "not all zeros" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "no message for a non-empty device"; }
 stop_server
 [ "$(md5sum < taken.qcow2)" = "$before" ] || fail "the non-empty device was modified"
-echo "non-empty device: refused, unchanged"
+echo "non-empty device: refused (at start-up with file=, at the first client with dir=), unchanged"
 
 # A device too small for the metadata.
 rm -f tiny.img; truncate -s 100K tiny.img

@@ -9,8 +9,10 @@
 #   equal to a raw mirror of the same operations;
 # - images made by qcow2-create with qcow2-encrypt-format=luks open in
 #   qemu with the same passphrase and hold what was copied in;
-# - a wrong or missing passphrase is refused at open (the plugin form: at
-#   start-up), saying so, in both forms, and the file is not changed;
+# - a wrong or missing passphrase is refused at start-up in both forms
+#   (nbdkit exits before serving; the filter over nbdkit's file plugin
+#   with file=), and at the first client where the filter learns the file
+#   only then (dir=), saying so, and the file is not changed;
 #   nbdkit's password conventions (+FILE, -FD); an image whose passphrase
 #   file qemu read as echo wrote it (with a newline) served with one
 #   warning, and a wrong passphrase for it refused with a hint that names
@@ -147,15 +149,17 @@ same_as ours-plugin.qcow2 mirror3.raw "ours after writes"
 echo "our image written again: check clean, qemu reads the mirror"
 
 # ------------------------------------------------ wrong or missing passphrase
-# expect_refusal WHAT PATTERN NBDKIT-ARGS...: a client's connection fails,
-# the log says PATTERN, the server lives on and the file stays as it was.
+# expect_refusal WHAT PATTERN NBDKIT-ARGS...: with dir=, the filter
+# learns the file when a client names the export: that client's
+# connection fails, the log says PATTERN, the server lives on and the
+# file stays as it was.
 expect_refusal ()
 {
     local what=$1 pattern=$2 img=xts.qcow2 before
     shift 2
     before=$(md5sum < "$img")
     start_nbdkit "$PWD/sock" "$@"
-    if nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1; then
+    if nbdinfo "nbd+unix:///$img?socket=$PWD/sock" > /dev/null 2>&1; then
         fail "$what: the client connected"
     fi
     kill -0 "$SERVER_PID" || fail "$what: the server died"
@@ -164,28 +168,35 @@ expect_refusal ()
     [ "$(md5sum < "$img")" = "$before" ] || fail "$what: the image changed"
     echo "$what: refused at open ('$(grep -o -m1 -- "$pattern.*" "$PWD/sock.log" | cut -c1-90)'), file unchanged"
 }
-expect_refusal "filter, wrong passphrase" "qcow2-passphrase: wrong passphrase" \
-    --filter="$FILTER" file xts.qcow2 qcow2-passphrase=wrong
-expect_refusal "filter, no passphrase" "give its passphrase with qcow2-passphrase" \
-    --filter="$FILTER" file xts.qcow2
-# The plugin form opens its file at start-up: nbdkit stops there.
-plugin_refusal ()
+expect_refusal "filter with dir=, wrong passphrase" "qcow2-passphrase: wrong passphrase" \
+    --filter="$FILTER" file dir="$PWD" qcow2-passphrase=wrong
+expect_refusal "filter with dir=, no passphrase" "give its passphrase with qcow2-passphrase" \
+    --filter="$FILTER" file dir="$PWD"
+# startup_refusal WHAT PATTERN PARAMS...: both forms open the file at
+# start-up: nbdkit stops there, before serving (its --run command never
+# runs), and the file stays as it was.
+startup_refusal ()
 {
-    local what=$1 pattern=$2 before
+    local what=$1 pattern=$2 before form
     shift 2
     before=$(md5sum < xts.qcow2)
-    if run_nbdkit -U - "$PLUGIN" xts.qcow2 "$@" --run true > start.out 2>&1; then
-        fail "$what: nbdkit started"
-    fi
-    grep -q -- "$pattern" start.out || { cat start.out; fail "$what: no error saying '$pattern'"; }
-    [ "$(md5sum < xts.qcow2)" = "$before" ] || fail "$what: the image changed"
-    echo "$what: nbdkit refuses to start ('$(grep -o -m1 -- "$pattern.*" start.out | cut -c1-90)'), file unchanged"
+    for form in filter plugin; do
+        if [ $form = filter ]; then args=(--filter="$FILTER" file); else args=("$PLUGIN"); fi
+        rm -f ran
+        if run_nbdkit -U - "${args[@]}" xts.qcow2 "$@" --run 'touch ran' > start.out 2>&1; then
+            fail "$form, $what: nbdkit started"
+        fi
+        [ ! -e ran ] || fail "$form, $what: --run ran"
+        grep -q -- "$pattern" start.out || { cat start.out; fail "$form, $what: no error saying '$pattern'"; }
+        [ "$(md5sum < xts.qcow2)" = "$before" ] || fail "$form, $what: the image changed"
+        echo "$form, $what: nbdkit refuses to start ('$(grep -o -m1 -- "$pattern.*" start.out | cut -c1-90)'), file unchanged"
+    done
 }
-plugin_refusal "plugin, wrong passphrase" "qcow2-passphrase: wrong passphrase" \
+startup_refusal "wrong passphrase" "qcow2-passphrase: wrong passphrase" \
     qcow2-passphrase=wrong
-plugin_refusal "plugin, no passphrase" "give its passphrase with qcow2-passphrase"
-expect_refusal "compressed writes" "Compression and encryption not supported at the same time" \
-    --filter="$FILTER" file xts.qcow2 "qcow2-passphrase=$PASS" qcow2-compress=true
+startup_refusal "no passphrase" "give its passphrase with qcow2-passphrase"
+startup_refusal "compressed writes" "Compression and encryption not supported at the same time" \
+    "qcow2-passphrase=$PASS" qcow2-compress=true
 
 # The passphrase from a file descriptor (nbdkit's -FD).
 rm -f out.raw
@@ -249,14 +260,13 @@ if section echo-newline; then
     # A wrong passphrase: refused in both forms, and the message names
     # the newline difference.
     H="wrong passphrase: it unlocks none of the image's 1 active LUKS key slot, nor with a newline added (qemu's secret,file= keeps the final newline of a passphrase file"
-    start_server "$PWD/sock" file echo.qcow2 qcow2-passphrase=wrong
-    nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "echo newline, filter: a wrong passphrase opened it"
-    grep -q -- "$H" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "echo newline, filter: no hint"; }
-    stop_server
-    if run_nbdkit -U - "$PLUGIN" echo.qcow2 qcow2-passphrase=wrong --run true > start.out 2>&1; then
-        fail "echo newline, plugin: a wrong passphrase started"
-    fi
-    grep -q -- "$H" start.out || { cat start.out; fail "echo newline, plugin: no hint"; }
+    for form in filter plugin; do
+        if [ $form = filter ]; then args=(--filter="$FILTER" file); else args=("$PLUGIN"); fi
+        if run_nbdkit -U - "${args[@]}" echo.qcow2 qcow2-passphrase=wrong --run true > start.out 2>&1; then
+            fail "echo newline, $form: a wrong passphrase started"
+        fi
+        grep -q -- "$H" start.out || { cat start.out; fail "echo newline, $form: no hint"; }
+    done
     [ "$(md5sum < echo.qcow2)" = "$before" ] || fail "echo newline: the image changed"
     echo "echo newline, wrong passphrase: $(grep -o "error: .*" start.out | sed "s|$PWD/||")"
 fi
@@ -348,10 +358,13 @@ if section key-slots; then
     [ "$(grep -c 'active: true' info.out)" = 1 ] || { cat info.out; fail "key slots: not one slot left"; }
     serve_with pass2.txt
     before=$(md5sum < slots.qcow2)
-    start_server "$PWD/sock" file slots.qcow2 qcow2-passphrase=+pass.txt
-    nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "key slots: the removed passphrase opened it"
-    grep -q "wrong passphrase" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "key slots: no message"; }
-    stop_server
+    for form in filter plugin; do
+        if [ $form = filter ]; then args=(--filter="$FILTER" file); else args=("$PLUGIN"); fi
+        if run_nbdkit -U - "${args[@]}" slots.qcow2 qcow2-passphrase=+pass.txt --run true > start.out 2>&1; then
+            fail "key slots, $form: the removed passphrase opened it"
+        fi
+        grep -q "wrong passphrase" start.out || { cat start.out; fail "key slots, $form: no message"; }
+    done
     [ "$(md5sum < slots.qcow2)" = "$before" ] || fail "key slots: the refused open changed the file"
     echo "key slots: a passphrase in slot 3 beside slot 0 opens in both forms, and alone after slot 0 is removed; the removed one is refused"
 fi
@@ -360,14 +373,17 @@ fi
 if qemu-img create -q -f qcow2 --object secret,id=s0,data=x \
        -o encrypt.format=aes,encrypt.key-secret=s0 aes.qcow2 1M 2>/dev/null; then
     before=$(md5sum < aes.qcow2)
-    start_server "$PWD/sock" file aes.qcow2 qcow2-passphrase=x
-    nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "legacy AES: served"
-    grep -q "legacy AES method (crypt_method 1" "$PWD/sock.log" ||
-        { cat "$PWD/sock.log"; fail "legacy AES: no message saying what it is"; }
-    grep -q "encrypt.format=luks" "$PWD/sock.log" || fail "legacy AES: no hint to convert"
-    stop_server
+    for form in filter plugin; do
+        if [ $form = filter ]; then args=(--filter="$FILTER" file); else args=("$PLUGIN"); fi
+        if run_nbdkit -U - "${args[@]}" aes.qcow2 qcow2-passphrase=x --run true > start.out 2>&1; then
+            fail "legacy AES, $form: served"
+        fi
+        grep -q "legacy AES method (crypt_method 1" start.out ||
+            { cat start.out; fail "legacy AES, $form: no message saying what it is"; }
+        grep -q "encrypt.format=luks" start.out || fail "legacy AES, $form: no hint to convert"
+    done
     [ "$(md5sum < aes.qcow2)" = "$before" ] || fail "legacy AES: changed"
-    echo "legacy AES (crypt_method 1): refused, saying what it is and how to convert it"
+    echo "legacy AES (crypt_method 1): refused at start-up in both forms, saying what it is and how to convert it"
 else
     skip_section "legacy AES: qemu-img cannot create it"
 fi

@@ -987,7 +987,7 @@ writes_logged (const struct mem_io *m)
   return m->nops - flushes_between (m, 0, m->nops);
 }
 
-/* Nothing on disk changes until the first change (qcow2-first-change.h):
+/* Nothing on disk changes until the first change (meta/first-change.h):
  * an image with autoclear bits (bit 0 without a bitmaps extension, which
  * is cleared as an unknown bit is), open for writing, read,
  * zeroed and trimmed where it reads as zeros already (in an L2 table that

@@ -83,12 +83,19 @@ for cs in 16384 65536 2097152; do
     done
 done
 
-# Writing is refused at open, with a pointer to -r.
-start_server "$PWD/sock" file ext-65536-none.qcow2
-nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "an extended L2 image was opened for writing"
+# Writing is refused, with a pointer to -r: at start-up over the file
+# plugin with file=, at open with dir=.
+if run_nbdkit -U - --filter="$FILTER" file ext-65536-none.qcow2 --run true 2> start.err; then
+    fail "an extended L2 image: nbdkit started to write it"
+fi
+grep -q "can be read but not written; serve them read-only (nbdkit -r)" start.err ||
+    { cat start.err; fail "no message at start-up refusing writes"; }
+start_server "$PWD/sock" file dir="$PWD"
+nbdinfo "nbd+unix:///ext-65536-none.qcow2?socket=$PWD/sock" > /dev/null 2>&1 &&
+    fail "an extended L2 image was opened for writing"
 grep -q "can be read but not written" "$PWD/sock.log" || fail "no message refusing writes"
 stop_server
-echo "extended L2 images: writing refused with a clear message"
+echo "extended L2 images: writing refused with a clear message (at start-up with file=, at open with dir=)"
 
 # Bad subcluster bitmaps are refused on read, naming what is wrong, and
 # nothing is written: subcluster 0 of cluster 0 both allocated and zero,

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* qcow2zstd unit test: the file the plugin form serves (qcow2-fileio.c)
+/* qcow2zstd unit test: the file the plugin form serves (base/fileio.c)
  * reaches the disk when it is flushed.
  *
  * The engine is driven over a real file as the plugin drives it (a
@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "qcow2.h"
-#include "qcow2-fileio.h"
+#include "base/fileio.h"
 #include "oracle.h"
 #include "session.h"
 #include "unit.h"

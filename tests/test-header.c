@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-header.h"
+#include "format/header.h"
 #include "unit.h"
 #include "util.h"
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* qcow2zstd unit test: grace periods and claims (qcow2-inflight.h).
+/* qcow2zstd unit test: grace periods and claims (base/inflight.h).
  *
  * - a mark passes only once every operation registered before it has
  *   left, in whatever order they leave, and never waits for one that
@@ -20,7 +20,7 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include "qcow2-inflight.h"
+#include "base/inflight.h"
 #include "unit.h"
 #include "util.h"
 

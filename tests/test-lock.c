@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* qcow2zstd unit test: the qemu-style image locks (qcow2-lock.c).
+/* qcow2zstd unit test: the qemu-style image locks (base/filelock.c).
  *
  * Open file description locks conflict between two open()s of a file
  * in one process as they do between processes, so one process can play
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "qcow2-lock.h"
+#include "base/filelock.h"
 #include "unit.h"
 
 static char dir[] = "/tmp/qcow2zstd-lock.XXXXXX";

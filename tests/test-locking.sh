@@ -8,8 +8,9 @@
 # share; two clients on one export keep the locks until both have left;
 # a kill -9'd writer leaves the image free; qcow2-locking=off
 # takes no locks; backing files are locked as qemu locks them.  The
-# locks last from the first client (the plugin form: from start-up)
-# until nbdkit exits, as qemu-nbd's: between two clients of an export,
+# locks last from start-up where the file is known then (the plugin
+# form; the filter over nbdkit's file plugin with file=), else from the
+# first client (the filter with dir=), until nbdkit exits, as qemu-nbd's: between two clients of an export,
 # qemu-img info, qemu-io and a second writer of ours are refused, and
 # after nbdkit exits or is killed with -9 nothing is locked.  A file
 # that cannot be confirmed as the one served (under the offset filter)
@@ -170,13 +171,12 @@ for pair in filter/filter plugin/filter filter/plugin plugin/plugin; do
     hold one "$(uri a)" 0 0x100000 0xa1 || fail "$pair: the first writer was refused"
     [ "$(lock_bytes img.qcow2)" = "100 101 103 201 203 " ] ||
         fail "$pair: the first writer locks bytes $(lock_bytes img.qcow2)"
+    # Both forms check at start-up (the filter: over nbdkit's file
+    # plugin with file=).
     if [ "$second" = plugin ]; then
-        # The plugin form checks at start-up.
         refused_start "$W" "$PLUGIN" img.qcow2
     else
-        serve b "$second" img.qcow2
-        refused_client b "$(uri b)" "$W"
-        unserve b
+        refused_start "$W" --filter="$FILTER" file img.qcow2
     fi
     release one
     unserve a
@@ -186,18 +186,25 @@ for pair in filter/filter plugin/filter filter/plugin plugin/plugin; do
     echo "  the first writer's data survived, check clean"
 done
 
-# The plugin form locks at start-up: a second one is refused before
-# either has a client.
-echo "two writers, plugin and plugin, the second started before the first has a client:"
-new_image
-serve a plugin img.qcow2
-refused_start "$W" "$PLUGIN" img.qcow2
-hold one "$(uri a)" 0 0x100000 0xa1 || fail "the first writer was refused"
-release one
-unserve a
-qemu-io -r -f qcow2 -c "read -P 0xa1 0 1M" -c "read -P 0x11 2M 64k" img.qcow2 > read.out ||
-    { cat read.out; fail "plugin/plugin: the first writer's data is not there"; }
-echo "  the first writer's data survived"
+# Both forms lock at start-up: a second one is refused before either
+# has a client.
+for pair in filter/filter plugin/filter filter/plugin plugin/plugin; do
+    first=${pair%/*} second=${pair#*/}
+    echo "two writers, $first and $second, the second started before the first has a client:"
+    new_image
+    serve a "$first" img.qcow2
+    if [ "$second" = plugin ]; then
+        refused_start "$W" "$PLUGIN" img.qcow2
+    else
+        refused_start "$W" --filter="$FILTER" file img.qcow2
+    fi
+    hold one "$(uri a)" 0 0x100000 0xa1 || fail "$pair: the first writer was refused"
+    release one
+    unserve a
+    qemu-io -r -f qcow2 -c "read -P 0xa1 0 1M" -c "read -P 0x11 2M 64k" img.qcow2 > read.out ||
+        { cat read.out; fail "$pair: the first writer's data is not there"; }
+    echo "  the first writer's data survived"
+done
 
 # Two exports of one nbdkit reaching one file, through a symlink in dir=.
 echo "two writers, exports disk.qcow2 and alias.qcow2 -> disk.qcow2 of dir=:"
@@ -275,12 +282,8 @@ for holder in qemu-nbd qemu-io qemu-img; do
         qemu-img) start_qemu q 101 qemu-img bench -w -c 1000000000 -d 1 -s 4096 -S 0 img.qcow2 ;;
     esac
     echo "$holder writing, then ours:"
-    serve a filter img.qcow2
-    refused_client a "$(uri a)" "$W"
-    unserve a
-    serve a filter -r img.qcow2
-    refused_client a "$(uri a)" "$SW"
-    unserve a
+    refused_start "$W" --filter="$FILTER" file img.qcow2
+    refused_start "$SW" -r --filter="$FILTER" file img.qcow2
     refused_start "$W" "$PLUGIN" img.qcow2
     refused_start "$SW" -r "$PLUGIN" img.qcow2
     for form in filter plugin; do
@@ -295,9 +298,7 @@ done
 new_image
 echo "qemu-nbd -r, then ours:"
 start_qemu q 100 qemu-nbd -r -k "$PWD/q.sock" img.qcow2
-serve a filter img.qcow2
-refused_client a "$(uri a)" "$W"
-unserve a
+refused_start "$W" --filter="$FILTER" file img.qcow2
 refused_start "$W" "$PLUGIN" img.qcow2
 # Readers share: qemu-nbd -r, qemu-io -r, our filter and plugin with -r.
 serve a filter -r img.qcow2
@@ -390,9 +391,7 @@ for form in filter plugin; do
         fail "between clients, $form: bytes '$(lock_bytes img.qcow2)' locked with no client"
     qemu_refused "$SW" qemu-img info img.qcow2
     qemu_refused "$W" qemu-io -f qcow2 -c "write -P 0x66 0 64k" img.qcow2
-    serve b filter img.qcow2
-    refused_client b "$(uri b)" "$W"
-    unserve b
+    refused_start "$W" --filter="$FILTER" file img.qcow2
     refused_start "$W" "$PLUGIN" img.qcow2
     hold two "$(uri a)" 0x100000 0x100000 0xa2 || fail "between clients, $form: the second client was refused"
     release two

@@ -21,10 +21,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "qcow2-crypto.h"
-#include "qcow2-endian.h"
-#include "qcow2-header.h"
-#include "qcow2-luks.h"
+#include "format/crypto.h"
+#include "format/endian.h"
+#include "format/header.h"
+#include "format/luks.h"
 #include "oracle.h"
 #include "unit.h"
 #include "util.h"

@@ -75,3 +75,27 @@ fi
 grep -q "image file was not given" err.out || { cat err.out; fail "no error for a missing file"; }
 run_nbdkit "$PLUGIN" --help | grep -q "qcow2-compression-level" || fail "--help lacks the parameters"
 echo "parameters: bad values refused with the parameter named"
+
+# 6. A flush makes what was written part of the file, while the client
+# is still connected (a disconnect writes everything back anyway, so it
+# must not come first): qemu reads the file beside the running server.
+cp r-zstd.qcow2 flush.qcow2
+start_nbdkit "$PWD/sock" "$PLUGIN" flush.qcow2
+$PYTHON - "$(nbd_uri "$PWD/sock")" "$PWD/flush.qcow2" <<'PY' || fail "a flushed write is not in the file"
+import subprocess, sys
+import nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pwrite(b"\x5a" * 65536, 1 << 20)
+h.pwrite(b"\x5b" * 4096, 3 << 20)
+h.flush()
+r = subprocess.run(["qemu-io", "-r", "-U", "-f", "qcow2",
+                    "-c", "read -P 0x5a 1M 64k", "-c", "read -P 0x5b 3M 4k",
+                    sys.argv[2]], capture_output=True, text=True)
+h.shutdown()
+if r.returncode != 0 or "Pattern verification failed" in r.stdout + r.stderr:
+    print(r.stdout, r.stderr)
+    sys.exit(1)
+PY
+stop_server
+echo "flush: the written data is in the file before the client disconnects"

@@ -16,9 +16,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "qcow2-endian.h"
-#include "qcow2-header.h"
-#include "qcow2-snapshot.h"
+#include "format/endian.h"
+#include "format/header.h"
+#include "format/snapshot.h"
 #include "oracle.h"
 #include "unit.h"
 #include "util.h"

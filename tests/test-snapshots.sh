@@ -6,7 +6,9 @@
 #   and in qemu's snapshot.id=/snapshot.name= form equals qemu-img convert
 #   -l's reading, in both forms, and a bare selector is an ID before it is
 #   a name, as in qemu; a missing one is refused listing those
-#   there are; the image debug output lists them;
+#   there are (at start-up in both forms; at the first client where the
+#   filter learns the file only then, with dir=); the image debug output
+#   lists them;
 # - random writes, zeroes and trims to the active layer of such images
 #   (64 KiB and 4 KiB clusters, v3 and v2, an encrypted one): qemu-img
 #   check clean, the active disk equal to a raw mirror, and every snapshot
@@ -110,9 +112,10 @@ size=$(run_nbdkit -U - -r --filter="$FILTER" file snap.qcow2 qcow2-snapshot=base
        --run 'nbdinfo --size "$uri"')
 [ "$size" = $((5 * 1024 * 1024)) ] || fail "snapshot base: size $size, not the active 5 MiB"
 
-# A missing snapshot, and the debug listing.
-start_server "$PWD/sock" -r file snap.qcow2 qcow2-snapshot=nope
-nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1 && fail "a missing snapshot was served"
+# A missing snapshot, and the debug listing.  With dir=, the filter
+# learns the file when a client names the export.
+start_server "$PWD/sock" -r file dir="$PWD" qcow2-snapshot=nope
+nbdinfo "nbd+unix:///snap.qcow2?socket=$PWD/sock" > /dev/null 2>&1 && fail "a missing snapshot was served"
 grep -q 'qcow2-snapshot: .*nope.*ID 1 name "base"' "$PWD/sock.log" ||
     { cat "$PWD/sock.log"; fail "a missing snapshot: no message listing the snapshots"; }
 stop_server
@@ -124,11 +127,16 @@ for line in 'snapshot id 1 name "base"' 'snapshot id 2 name "2"' \
             'serving snapshot id 3 name "mid"'; do
     grep -q "$line" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "debug: no '$line'"; }
 done
-if run_nbdkit -U - -r "$PLUGIN" snap.qcow2 qcow2-snapshot=nope --run true > start.out 2>&1; then
-    fail "plugin: started with a missing snapshot"
-fi
-grep -q 'qcow2-snapshot: .*nope' start.out || { cat start.out; fail "plugin: no message for a missing snapshot"; }
-echo "a missing snapshot refused listing the image's (the plugin at start-up); -D qcow2zstd.image=1 lists all four and the one served"
+for form in filter plugin; do
+    if [ $form = filter ]; then args=(--filter="$FILTER" file); else args=("$PLUGIN"); fi
+    if run_nbdkit -U - -r "${args[@]}" snap.qcow2 qcow2-snapshot=nope --run 'touch ran' > start.out 2>&1; then
+        fail "$form: started with a missing snapshot"
+    fi
+    [ ! -e ran ] || fail "$form: a missing snapshot: --run ran"
+    grep -q 'qcow2-snapshot: .*nope.*ID 1 name "base"' start.out ||
+        { cat start.out; fail "$form: no message for a missing snapshot"; }
+done
+echo "a missing snapshot refused listing the image's (at start-up in both forms, at the first client with dir=); -D qcow2zstd.image=1 lists all four and the one served"
 
 # ------------------------------------------------ writing the active layer
 # write_active NAME IMG CLUSTER_SIZE [NBDKIT ARGS...]: a random workload

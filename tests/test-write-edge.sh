@@ -46,25 +46,25 @@ truncate -s 5M small.raw        # the last MiB stays unallocated
 qemu-img convert -c -O qcow2 -o cluster_size=65536 small.raw full.qcow2
 sum_before=$(md5sum < full.qcow2)
 start_server "$PWD/sock" file full.qcow2
-$PYTHON - "$(nbd_uri "$PWD/sock")" <<'EOF' > enospc.out
-import nbd, sys
-h = nbd.NBD()
-h.connect_uri(sys.argv[1])
-try:
-    h.pwrite(b"x" * 65536, 4 << 20)
-except nbd.Error as e:
-    print("errno", e.errno)
-else:
-    print("no error")
-EOF
+write_errno "$(nbd_uri "$PWD/sock")" 0x400000 65536 0x78 > enospc.out
 stop_server
 grep -q "errno ENOSPC" enospc.out || { cat enospc.out; fail "a full container did not give ENOSPC"; }
 grep -q "no room in the image file" "$PWD/sock.log" || { cat "$PWD/sock.log"; fail "no ENOSPC message"; }
-grep -q "truncate -s +SIZE" "$PWD/sock.log" || fail "the ENOSPC message does not say how to add room"
+grep -q "give the image room and reconnect (truncate -s +SIZE $PWD/full.qcow2)" "$PWD/sock.log" ||
+    { cat "$PWD/sock.log"; fail "the ENOSPC message does not say how to add room to the file"; }
 grep -q "65536 bytes" "$PWD/sock.log" || fail "the ENOSPC message does not say how much room is needed"
 check_clean full.qcow2 "ENOSPC"
 qemu-img compare -q -f qcow2 -F raw full.qcow2 small.raw || fail "ENOSPC: the image changed its content"
-echo "full container: ENOSPC with a message, image valid and unchanged"
+echo "full container: ENOSPC with a message naming the file and the truncate that gives it room, image valid and unchanged"
+
+# Storage that is no file (nbdkit's memory plugin): ENOSPC, and the
+# message does not tell to truncate anything.
+start_server "$PWD/sock" memory 1M qcow2-create=16M
+write_errno "$(nbd_uri "$PWD/sock")" 0 0x200000 random > enospc.out
+stop_server
+grep -q "errno ENOSPC" enospc.out || { cat enospc.out; fail "memory: a full container did not give ENOSPC"; }
+no_room_names_no_file "$PWD/sock.log" memory
+echo "full container in memory: ENOSPC, and the message names no file to truncate"
 
 # Giving room with truncate then lets the write through.
 truncate -s +1M full.qcow2
@@ -118,8 +118,15 @@ refuse ()
     local img=$1 field=$2 what=$3
     local before
     before=$(md5sum < "$img")
-    start_server "$PWD/sock" file "$img"
-    if nbdinfo "$(nbd_uri "$PWD/sock")" > /dev/null 2>&1; then
+    # Over the file plugin with file=: at start-up, before serving.
+    if run_nbdkit -U - --filter="$FILTER" file "$img" --run true 2> start.err; then
+        fail "$what: nbdkit started to write it"
+    fi
+    grep -q "$field" start.err || { cat start.err; fail "$what: no error at start-up naming $field"; }
+    grep -q "nbdkit -r" start.err || fail "$what: the error at start-up does not suggest nbdkit -r"
+    # With dir=, when a client names it.
+    start_server "$PWD/sock" file dir="$PWD"
+    if nbdinfo "nbd+unix:///$img?socket=$PWD/sock" > /dev/null 2>&1; then
         fail "$what: a writable connection was allowed"
     fi
     kill -0 "$SERVER_PID" || fail "$what: the server died"
@@ -132,7 +139,7 @@ refuse ()
     stop_server
     qemu-img convert -U -O raw "$img" expect.raw
     cmp served.raw expect.raw || fail "$what: nbdkit -r served wrong data"
-    echo "$what: writing refused naming $field; nbdkit -r serves it"
+    echo "$what: writing refused naming $field (at start-up with file=, at the first client with dir=); nbdkit -r serves it"
 }
 
 # Images with internal snapshots are written (test-snapshot.sh); a

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-qcow2zstd-filter: serve the guest disk inside a qcow2 image.
  *
- * The nbdkit callbacks.  This file and its two neighbours are only glue:
- * params.c parses the parameters, images.c keeps one engine image per
- * export and adapts nbdkit's next backend to the engine's struct
- * qcow2_io; everything about qcow2 is in common/.
+ * The nbdkit callbacks, and what the filter learns of the stack under
+ * it.  next-io.c adapts the plugin under the filter to the engine's
+ * struct qcow2_io; the rest is the glue both forms share
+ * (nbdkit-glue/: the parameters, the registry of images, the start-up
+ * checks, the locks), and everything about qcow2 is in common/.
  */
 
 #include <config.h>
@@ -14,18 +15,45 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#include "qcow2zstd.h"
+#include "next-io.h"
+#include "cmdline.h"
+#include "glue.h"
+#include "params.h"
+#include "registry.h"
+#include "startup.h"
+#include "base/lockorder.h"
 
+/* Set once, in .config_complete; only read afterwards. */
+static struct glue_options options;
+/* nbdkit's file plugin is right under the filter (nbdkit's command
+ * line says so): it serves the file its file= names to every export,
+ * or with dir= the file each export is named after, byte for byte.
+ * That file is known, then: checked at start-up (file=), and given
+ * room with truncate.
+ */
+static bool file_plugin_under;
+/* Why the plugin under the filter cannot write the image although it
+ * says it can (the export is then read-only), or NULL.
+ */
+static const char *plugin_cannot_write;
 
 struct handle {
   char *exportname;
-  struct shared_image *shared;
+  struct registry_image *image;
+  struct qcow2_image *engine;
   struct qcow2_conn *conn;
   bool writable;
   bool plugin_can_flush;        /* flush and FUA are offered only then */
-  /* Held for reading by .cache, for writing by .finalize: see there. */
-  pthread_rwlock_t finalize_lock;
+  /* Front-end lock 1 (nbdkit-glue/README.md): held for reading by
+   * .cache, for writing by .finalize (see there), above every other
+   * lock: .finalize holds it across the connection's last flush and the
+   * registry_release that may close the image, .cache across a
+   * prefetch.
+   */
+  struct qcow2_rwlock finalize_lock;
 };
 
 static void
@@ -37,13 +65,13 @@ qcow2zstd_load (void)
 static void
 qcow2zstd_cleanup (nbdkit_backend *backend)
 {
-  images_cleanup ();
+  registry_cleanup ();
 }
 
 static void
 qcow2zstd_unload (void)
 {
-  images_unload ();
+  registry_unload ();
   params_unload ();
 }
 
@@ -56,13 +84,76 @@ qcow2zstd_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   return r == 1 ? next (nxdata, key, value) : r;
 }
 
+/* What nbdkit's command line shows under the filter: which plugin, and
+ * whether a filter lies between.  nbdkit's curl plugin says it can
+ * write, but each write it sends is an HTTP PUT of the bytes with a
+ * Content-Range, which web servers refuse (nginx: 405) or take as the
+ * whole new file, and it cannot grow the image: the export is read-only
+ * over it, unless nbdkit-cow-filter between the two keeps the writes.
+ */
+static void
+learn_stack (void)
+{
+  struct nbdkit_cmdline cl;
+  size_t first, n, i;
+  bool cow = false;
+
+  if (cmdline_read (&cl) == 0 &&
+      cmdline_under (&cl, "qcow2zstd", &first, &n) == 0) {
+    file_plugin_under = n == 0 && strcmp (cl.plugin, "file") == 0;
+    for (i = first; i < first + n; i++)
+      cow |= strcmp (cl.filters[i], "cow") == 0;
+    if (strcmp (cl.plugin, "curl") == 0 && !cow)
+      plugin_cannot_write = "nbdkit's curl plugin cannot write the image "
+        "(it would send each write as an HTTP PUT, which web servers "
+        "refuse or take as the whole new file)";
+  }
+  cmdline_free (&cl);
+}
+
+/* The checks at start-up, where the file is known (startup.h): nbdkit's
+ * file plugin right under the filter, with file=.  Its exports all
+ * serve that file: one image, under the key "".  Elsewhere the image is
+ * checked when the first client of an export connects.
+ */
+static int
+check_at_startup (void)
+{
+  bool writes;
+
+  if (plugin_cannot_write) {
+    if (options.create) {
+      nbdkit_error ("qcow2-create: cannot create an image read-only: %s",
+                    plugin_cannot_write);
+      return -1;
+    }
+    if (options.readonly == 0)
+      nbdkit_error ("qcow2zstd: warning: the export is read-only: %s; "
+                    "give -r to say so, or put --filter=cow after "
+                    "--filter=qcow2zstd to keep the writes in its "
+                    "overlay", plugin_cannot_write);
+  }
+  if (!file_plugin_under || options.image_file == NULL)
+    return 0;
+  /* As the file plugin opens it: read-only with -r, or if it may not
+   * write it.  A snapshot is served read-only.
+   */
+  writes = options.readonly == 0 && options.engine.snapshot == NULL &&
+    access (options.image_file, W_OK) == 0;
+  return startup_check_file (&options, options.image_file, "", writes);
+}
+
 static int
 qcow2zstd_config_complete (nbdkit_next_config_complete *next,
                            nbdkit_backend *nxdata)
 {
-  if (params_complete () == -1)
+  if (params_complete (&options) == -1)
     return -1;
-  return next (nxdata);
+  learn_stack ();
+  /* The plugin's own checks first: the file plugin's of file=. */
+  if (next (nxdata) == -1)
+    return -1;
+  return check_at_startup ();
 }
 
 #define qcow2zstd_config_help PARAMS_HELP
@@ -79,7 +170,9 @@ qcow2zstd_open (nbdkit_next_open *next, nbdkit_context *nxdata,
 {
   struct handle *h;
 
-  if (next (nxdata, readonly, exportname) == -1)
+  /* A plugin that cannot really write is opened read-only too. */
+  if (next (nxdata, readonly || plugin_cannot_write != NULL, exportname)
+      == -1)
     return NULL;
   h = calloc (1, sizeof *h);
   if (h == NULL || (h->exportname = strdup (exportname)) == NULL) {
@@ -87,7 +180,8 @@ qcow2zstd_open (nbdkit_next_open *next, nbdkit_context *nxdata,
     free (h);
     return NULL;
   }
-  pthread_rwlock_init (&h->finalize_lock, NULL);
+  qcow2_rwlock_init (&h->finalize_lock, QCOW2_RANK_FINALIZE,
+                     "connection finalize");
   return h;
 }
 
@@ -109,6 +203,44 @@ say_no_flush (void)
                   "when they return)");
 }
 
+/* Open (or join) the image of H's export through NEXT.  With file=
+ * right over the file plugin, every export name is the one file: one
+ * image, locked at start-up under "".  The filter locks the local file
+ * the plugin under it was given, when it is the one served (locks.h).
+ * The messages of a full image say how to give it room (truncate) only
+ * when nbdkit's file plugin serves that file as it is, and it is a
+ * regular file.
+ */
+static int
+acquire_image (nbdkit_next *next, struct handle *h, bool writable)
+{
+  const char *key =
+    file_plugin_under && options.image_file ? "" : h->exportname;
+  char *path = params_local_image (&options, h->exportname);
+  struct registry_storage storage = {
+    .next_io = next_io (next),
+    .confirm = next_serves_file,
+    .confirm_opaque = next,
+  };
+  struct stat st;
+
+  if (options.engine.locking != QCOW2_LOCK_OFF) {
+    if (path)
+      storage.lock_path = path;
+    else
+      nbdkit_debug ("qcow2zstd: export '%s': the plugin serves no local "
+                    "file named by file= or dir=, so the image is not "
+                    "locked (other users of it cannot be detected)",
+                    h->exportname);
+  }
+  if (file_plugin_under && path && stat (path, &st) == 0 &&
+      S_ISREG (st.st_mode))
+    storage.room_file = path;
+  h->image = registry_acquire (&options, key, writable, &storage);
+  free (path);
+  return h->image ? 0 : -1;
+}
+
 static int
 qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
 {
@@ -122,6 +254,7 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
    */
   if (next->get_size (next) == -1)
     return -1;
+  readonly |= plugin_cannot_write != NULL;
   if (!readonly) {
     plugin_can_write = next->can_write (next);
     plugin_can_flush = next->can_flush (next);
@@ -132,16 +265,15 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
   /* The export's first connection decides whether the image is opened
    * for writing: yes unless nbdkit -r or a plugin that cannot write.
    */
-  h->shared = images_acquire (next, h->exportname,
-                              !readonly && plugin_can_write == 1);
-  if (h->shared == NULL)
+  if (acquire_image (next, h, !readonly && plugin_can_write == 1) == -1)
     return -1;
+  h->engine = registry_engine (h->image);
   h->writable = !readonly && plugin_can_write == 1 &&
-    qcow2_image_writable (images_engine (h->shared));
+    qcow2_image_writable (h->engine);
   h->plugin_can_flush = plugin_can_flush == 1;
   if (h->writable && !h->plugin_can_flush)
     say_no_flush ();
-  h->conn = qcow2_conn_new (images_engine (h->shared));
+  h->conn = qcow2_conn_new (h->engine);
   if (h->conn == NULL)
     return -1;
   return 0;
@@ -159,21 +291,21 @@ qcow2zstd_finalize (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
 
-  pthread_rwlock_wrlock (&h->finalize_lock);
+  qcow2_rwlock_wrlock (&h->finalize_lock);
   qcow2_conn_free (h->conn);
   h->conn = NULL;
-  if (h->shared) {
+  if (h->image) {
     /* Every connection that can write flushes: the export's last one to
      * leave may be one that cannot.  Errors were logged; what is on disk
      * is consistent either way.
      */
-    struct qcow2_io io = IO_FOR (next);
+    struct qcow2_io io = next_io (next);
     if (h->writable)
-      qcow2_flush (images_engine (h->shared), &io);
-    images_release (h->shared, h->writable ? &io : NULL);
-    h->shared = NULL;
+      qcow2_flush (h->engine, &io);
+    registry_release (h->image, h->writable ? &io : NULL);
+    h->image = NULL;
   }
-  pthread_rwlock_unlock (&h->finalize_lock);
+  qcow2_rwlock_unlock (&h->finalize_lock);
   return 0;
 }
 
@@ -184,9 +316,9 @@ qcow2zstd_close (void *handle)
 
   /* finalize is skipped when prepare failed part way. */
   qcow2_conn_free (h->conn);
-  if (h->shared)
-    images_release (h->shared, NULL);
-  pthread_rwlock_destroy (&h->finalize_lock);
+  if (h->image)
+    registry_release (h->image, NULL);
+  qcow2_rwlock_destroy (&h->finalize_lock);
   free (h->exportname);
   free (h);
 }
@@ -195,7 +327,7 @@ static int64_t
 qcow2zstd_get_size (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
-  return qcow2_image_header (images_engine (h->shared))->virtual_size;
+  return qcow2_image_header (h->engine)->virtual_size;
 }
 
 static int
@@ -205,7 +337,7 @@ qcow2zstd_block_size (nbdkit_next *next, void *handle,
 {
   struct handle *h = handle;
 
-  glue_block_size (images_engine (h->shared), minimum, preferred, maximum);
+  glue_block_size (h->engine, minimum, preferred, maximum);
   return 0;
 }
 
@@ -283,7 +415,7 @@ qcow2zstd_pread (nbdkit_next *next, void *handle,
                  uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
   return glue_result (qcow2_read (h->conn, &io, buf, count, offset), err);
 }
@@ -294,7 +426,7 @@ qcow2zstd_pwrite (nbdkit_next *next, void *handle,
                   uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
   return glue_result (qcow2_write (h->conn, &io, buf, count, offset,
                                    flags & NBDKIT_FLAG_FUA), err);
@@ -305,9 +437,9 @@ qcow2zstd_zero (nbdkit_next *next, void *handle,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
-  return glue_result (qcow2_zero (images_engine (h->shared), &io, count,
+  return glue_result (qcow2_zero (h->engine, &io, count,
                                   offset, flags & NBDKIT_FLAG_FAST_ZERO,
                                   flags & NBDKIT_FLAG_FUA), err);
 }
@@ -317,9 +449,9 @@ qcow2zstd_trim (nbdkit_next *next, void *handle,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
-  return glue_result (qcow2_trim (images_engine (h->shared), &io, count,
+  return glue_result (qcow2_trim (h->engine, &io, count,
                                   offset, flags & NBDKIT_FLAG_FUA), err);
 }
 
@@ -327,9 +459,9 @@ static int
 qcow2zstd_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
-  return glue_result (qcow2_flush (images_engine (h->shared), &io), err);
+  return glue_result (qcow2_flush (h->engine, &io), err);
 }
 
 static int
@@ -338,7 +470,7 @@ qcow2zstd_extents (nbdkit_next *next, void *handle,
                    struct nbdkit_extents *extents, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
 
   /* A client asking for one extent is served by the first run. */
   return glue_result (qcow2_extents (h->conn, &io, offset, count,
@@ -350,17 +482,17 @@ qcow2zstd_cache (nbdkit_next *next, void *handle,
                  uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct qcow2_io io = IO_FOR (next);
+  struct qcow2_io io = next_io (next);
   int r = 0;
 
   /* A prefetch is only advice: after .finalize there is nothing to do. */
-  pthread_rwlock_rdlock (&h->finalize_lock);
+  qcow2_rwlock_rdlock (&h->finalize_lock);
   if (h->conn)
     r = qcow2_prefetch (h->conn, &io, offset, count);
   else
     nbdkit_debug ("qcow2zstd: cache request after the connection was "
                   "finalized: ignored");
-  pthread_rwlock_unlock (&h->finalize_lock);
+  qcow2_rwlock_unlock (&h->finalize_lock);
   return glue_result (r, err);
 }
 

@@ -12,9 +12,6 @@
 #include <config.h>
 
 #include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -24,30 +21,23 @@
 #include <nbdkit-plugin.h>
 
 #include "glue.h"
-#include "locks.h"
 #include "params.h"
-#include "qcow2-fileio.h"
+#include "base/fileio.h"
+#include "registry.h"
+#include "startup.h"
 
 
+/* Set while nbdkit configures; only read afterwards. */
 static char *filename;
-
-/* One image for all connections, opened by the first, closed (after a
- * final flush) with the last.  Its lock stays until nbdkit exits.
- */
-static pthread_mutex_t image_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct qcow2_image *image;
-static struct qcow2_io file_io;
-static unsigned users;
-static bool created;
-static bool stats_logged;      /* by the cleanup, before the last close */
+static struct glue_options options;
 
 struct handle {
+  struct registry_image *image; /* one for all connections (registry.h) */
+  struct qcow2_image *engine;
+  struct qcow2_io *io;          /* the image file, the registry's */
   struct qcow2_conn *conn;
   bool readonly;
 };
-
-/* The engine's messages name the file: set with it. */
-static struct qcow2_log engine_log;
 
 static void
 qcow2zstd_load (void)
@@ -58,7 +48,7 @@ qcow2zstd_load (void)
 static void
 qcow2zstd_unload (void)
 {
-  locks_release_all ();
+  registry_unload ();
   free (filename);
   params_unload ();
 }
@@ -80,210 +70,34 @@ qcow2zstd_config (const char *key, const char *value)
   return -1;
 }
 
-/* The image's header, parsed and its features checked at start-up: a
- * file that is not a qcow2 image (or one with a feature the engine
- * refuses) stops nbdkit here, naming the
- * file, instead of failing every client with "no export".  0, or -1
- * after saying why.
- */
-static int
-read_header (struct qcow2_header *h)
-{
-  size_t len = UINT64_C (1) << QCOW2_MAX_CLUSTER_BITS;
-  char err[256];
-  uint8_t *buf;
-  struct stat st;
-  ssize_t n = -1;
-  int fd, r = -1;
-
-  fd = open (filename, O_RDONLY | O_CLOEXEC);
-  if (fd == -1) {
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-    return -1;
-  }
-  buf = malloc (len);
-  if (buf == NULL)
-    nbdkit_error ("qcow2zstd: %s: out of memory", filename);
-  else if (fstat (fd, &st) == -1 || (n = pread (fd, buf, len, 0)) == -1)
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-  else if (n == 0)
-    nbdkit_error ("qcow2zstd: %s: the file is empty, not a qcow2 image "
-                  "(qcow2-create=SIZE makes one in it)", filename);
-  else if (qcow2_header_parse (buf, n, st.st_size, h, err, sizeof err) == -1)
-    nbdkit_error ("qcow2zstd: %s: invalid or unsupported qcow2 image: %s",
-                  filename, err);
-  else {
-    /* The engine opens a backing file itself: checked as if none. */
-    struct qcow2_header without_backing = *h;
-    without_backing.backing_file_offset = 0;
-    if (qcow2_header_check_features (&without_backing, err, sizeof err) == -1)
-      nbdkit_error ("qcow2zstd: %s: invalid or unsupported qcow2 image: %s",
-                    filename, err);
-    else
-      r = 0;
-  }
-  free (buf);
-  close (fd);
-  return r;
-}
-
-/* qcow2-create over a file that exists: refused at start-up unless its
- * first cluster is all zeros, the engine's rule (qcow2_create checks it
- * again; a create a crash interrupted left that cluster zero, so it can
- * run again).  qemu-img create would overwrite whatever is there; the
- * same command line run a second time must not destroy the image the
- * first run made.
- */
-static int
-check_create_target (const struct stat *st)
-{
-  size_t cluster_size = (size_t) 1 << create_options.cluster_bits;
-  uint8_t *buf;
-  ssize_t n = -1;
-  size_t i;
-  int fd, r = -1;
-
-  if (S_ISREG (st->st_mode) && st->st_size == 0)
-    return 0;
-  fd = open (filename, O_RDONLY | O_CLOEXEC);
-  if (fd == -1) {
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-    return -1;
-  }
-  buf = malloc (cluster_size);
-  if (buf == NULL)
-    nbdkit_error ("qcow2zstd: %s: out of memory", filename);
-  else if ((n = pread (fd, buf, cluster_size, 0)) == -1)
-    nbdkit_error ("qcow2-create: %s: cannot read its first cluster: %m",
-                  filename);
-  else {
-    for (i = 0; i < (size_t) n && buf[i] == 0; ++i)
-      ;
-    if (i < (size_t) n)
-      nbdkit_error ("qcow2-create: %s is not empty: its first cluster is "
-                    "not all zeros (it may hold an image or a filesystem); "
-                    "refusing to format it, which would destroy what it "
-                    "holds (qemu-img create would overwrite it).  Remove "
-                    "the file first, or serve it without qcow2-create",
-                    filename);
-    else
-      r = 0;
-  }
-  free (buf);
-  close (fd);
-  return r;
-}
-
-static void
-keep_message (void *opaque, const char *msg)
-{
-  snprintf (opaque, 1024, "%s", msg);
-}
-
-/* The trial open is the one that unlocks the key slot, so its warnings
- * are the ones a user gets (the connections' opens take the key cache).
- */
-static void
-pass_warning (void *opaque, const char *msg)
-{
-  glue_warning (filename, msg);
-}
-
-/* An encrypted image's passphrase and the snapshot to serve, tried at
- * start-up by opening the image read-only, which writes nothing and
- * leaves the unlocked key in the key cache for the first connection: a
- * wrong or missing passphrase, or a snapshot the image does not have,
- * stops nbdkit here instead of refusing every client.  Whatever else
- * the open finds is left for the connections to report.
- */
-static int
-check_secrets (const struct qcow2_header *h)
-{
-  struct qcow2_options opts = engine_options;
-  char msg[1024] = "";
-  struct qcow2_log log = {
-    .opaque = msg, .error = keep_message, .warning = pass_warning,
-  };
-  struct qcow2_io io;
-  struct qcow2_image *img;
-  int r;
-
-  if (h->crypt_method != 2 && engine_options.snapshot == NULL)
-    return 0;
-  if (qcow2_fileio_open (filename, false, &io) < 0)
-    return 0;
-  opts.writable = false;
-  opts.compress = false;
-  opts.threads = 0;
-  r = qcow2_image_open (&io, &log, &opts, &img);
-  if (r == 0)
-    qcow2_image_close (img);
-  qcow2_fileio_close (&io);
-  if (r == -EPERM ||
-      (r == -ENOENT && strncmp (msg, "qcow2-snapshot:", 15) == 0)) {
-    nbdkit_error ("qcow2zstd: %s: %s", filename, msg);
-    return -1;
-  }
-  return 0;
-}
-
-/* The image file, checked and locked at start-up: found when the first
- * client connects, all that client would learn is that there is no
- * export.
+/* The image file, checked and locked at start-up (startup.h): found
+ * when the first client connects, all that client would learn is that
+ * there is no export.
  */
 static int
 check_file (void)
 {
   struct stat st;
-  struct qcow2_header h;
-  bool writes;
   int r;
 
-  if (stat (filename, &st) == -1) {
-    if (errno == ENOENT && create_requested) {
-      /* qcow2-create makes it, in a directory that must let it. */
-      char *dir = strdup (filename), *slash;
-      if (dir == NULL)
-        return -1;
-      slash = strrchr (dir, '/');   /* the name is absolute */
-      slash[slash == dir ? 1 : 0] = '\0';
-      r = access (dir, W_OK | X_OK);
-      if (r == -1)
-        nbdkit_error ("qcow2-create: cannot create %s in %s: %m",
-                      filename, dir);
-      free (dir);
-      return r;
-    }
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-    return -1;
-  }
-  if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode)) {
-    nbdkit_error ("qcow2zstd: %s: not a regular file or block device",
-                  filename);
-    return -1;
-  }
-  if (access (filename, R_OK) == -1) {
-    nbdkit_error ("qcow2zstd: %s: %m", filename);
-    return -1;
+  if (stat (filename, &st) == -1 && errno == ENOENT && options.create) {
+    /* qcow2-create makes it, in a directory that must let it. */
+    char *dir = strdup (filename), *slash;
+    if (dir == NULL)
+      return -1;
+    slash = strrchr (dir, '/');   /* the name is absolute */
+    slash[slash == dir ? 1 : 0] = '\0';
+    r = access (dir, W_OK | X_OK);
+    if (r == -1)
+      nbdkit_error ("qcow2-create: cannot create %s in %s: %m",
+                    filename, dir);
+    free (dir);
+    return r;
   }
   /* A snapshot is served read-only: its file needs no write access. */
-  writes = params_readonly == 0 && engine_options.snapshot == NULL;
-  if (writes && access (filename, W_OK) == -1) {
-    nbdkit_error ("qcow2zstd: %s: %m (serve it read-only with -r)",
-                  filename);
-    return -1;
-  }
-  if (create_requested) {
-    if (check_create_target (&st) == -1)
-      return -1;
-  }
-  else if (read_header (&h) == -1 ||
-           (engine_options.compress &&
-            params_check_level (h.compression_type) == -1) ||
-           check_secrets (&h) == -1)
-    return -1;
-  /* Locked from here until nbdkit exits, as qemu-nbd locks. */
-  return locks_hold_image (NULL, filename, writes, NULL, NULL);
+  return startup_check_file (&options, filename, NULL,
+                             options.readonly == 0 &&
+                             options.engine.snapshot == NULL);
 }
 
 static int
@@ -293,9 +107,7 @@ qcow2zstd_config_complete (void)
     nbdkit_error ("the image file was not given: nbdkit qcow2zstd FILE");
     return -1;
   }
-  engine_log = glue_engine_log (filename);
-  engine_options.growable = true;
-  if (params_complete () == -1)
+  if (params_complete (&options) == -1)
     return -1;
   return check_file ();
 }
@@ -309,83 +121,30 @@ qcow2zstd_thread_model (void)
   return NBDKIT_THREAD_MODEL_PARALLEL;
 }
 
-/* Open the image for the first connection.  Called with image_lock. */
-static int
-open_image (int readonly)
-{
-  struct qcow2_options opts = engine_options;
-  int r, fd;
-
-  /* A snapshot is served read-only, and its file may be read-only. */
-  readonly |= opts.snapshot != NULL;
-  opts.writable = !readonly;
-  if (create_requested && !created && !readonly) {
-    /* qcow2-create makes the file if it is not there. */
-    fd = open (filename, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd == -1) {
-      nbdkit_error ("qcow2-create: %s: %m", filename);
-      return -1;
-    }
-    close (fd);
-  }
-  /* Locked before anything is read (at start-up, unless the file was
-   * only made now or is written for the first time), until nbdkit exits.
-   */
-  if (locks_hold_image (NULL, filename, !readonly, NULL, NULL) < 0)
-    return -1;
-  r = qcow2_fileio_open (filename, !readonly, &file_io);
-  if (r < 0) {
-    nbdkit_error ("%s: %s", filename, strerror (-r));
-    return -1;
-  }
-  if (create_requested && !created) {
-    if (readonly) {
-      nbdkit_error ("qcow2-create: cannot create an image read-only "
-                    "(nbdkit -r)");
-      r = -EROFS;
-    }
-    else
-      r = qcow2_create (&file_io, &engine_log, &create_options, &opts, &image);
-    if (r == 0)
-      created = true;
-  }
-  else
-    r = qcow2_image_open (&file_io, &engine_log, &opts, &image);
-  if (r == 0 && locks_hold_backing (NULL, image) < 0) {
-    qcow2_image_close (image);
-    image = NULL;
-    r = -1;
-  }
-  if (r < 0) {
-    qcow2_fileio_close (&file_io);
-    return -1;
-  }
-  return 0;
-}
-
 static void *
 qcow2zstd_open (int readonly)
 {
   struct handle *h = calloc (1, sizeof *h);
-  int r = 0;
+  const struct registry_storage storage = {
+    .own_file = filename,
+    .lock_path = filename,
+  };
 
   if (h == NULL) {
     nbdkit_error ("calloc: %m");
     return NULL;
   }
   h->readonly = readonly;
-  pthread_mutex_lock (&image_lock);
-  if (image == NULL)
-    r = open_image (readonly);
-  if (r == 0)
-    users++;
-  pthread_mutex_unlock (&image_lock);
-  if (r < 0) {
+  h->image = registry_acquire (&options, "", !readonly, &storage);
+  if (h->image == NULL) {
     free (h);
     return NULL;
   }
-  h->conn = qcow2_conn_new (image);
+  h->engine = registry_engine (h->image);
+  h->io = registry_io (h->image);
+  h->conn = qcow2_conn_new (h->engine);
   if (h->conn == NULL) {
+    registry_release (h->image, NULL);
     free (h);
     return NULL;
   }
@@ -398,20 +157,8 @@ qcow2zstd_close (void *handle)
   struct handle *h = handle;
 
   qcow2_conn_free (h->conn);
-  pthread_mutex_lock (&image_lock);
-  if (--users == 0) {
-    /* The last connection: nothing is in flight, and a new one waits for
-     * the lock.  The persistent bitmaps are left consistent.
-     */
-    qcow2_finish (image, &file_io);
-    if (!stats_logged)
-      params_log_stats (image, filename);
-    stats_logged = false;
-    qcow2_image_close (image);
-    image = NULL;
-    qcow2_fileio_close (&file_io);
-  }
-  pthread_mutex_unlock (&image_lock);
+  /* The last connection finishes the image through its file. */
+  registry_release (h->image, NULL);
   free (h);
 }
 
@@ -420,34 +167,29 @@ qcow2zstd_close (void *handle)
  * skips a connection's .close once it is quitting, even for a client
  * that has already left.  Their close is where the metadata would be
  * written and the image finished (the persistent bitmaps left
- * consistent), so do that here: by now no request runs or can come
- * (nbdkit waited for the connections' threads).  The image itself stays
- * for a close that may still come, which then does not log the
- * statistics again.
+ * consistent), so the registry does that here: by now no request runs
+ * or can come (nbdkit waited for the connections' threads).
  */
 static void
 qcow2zstd_cleanup (void)
 {
-  pthread_mutex_lock (&image_lock);
-  if (image) {
-    qcow2_finish (image, &file_io);
-    params_log_stats (image, filename);
-    stats_logged = true;
-  }
-  pthread_mutex_unlock (&image_lock);
+  registry_cleanup ();
 }
 
 static int64_t
 qcow2zstd_get_size (void *handle)
 {
-  return qcow2_image_header (image)->virtual_size;
+  struct handle *h = handle;
+  return qcow2_image_header (h->engine)->virtual_size;
 }
 
 static int
 qcow2zstd_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
                       uint32_t *maximum)
 {
-  glue_block_size (image, minimum, preferred, maximum);
+  struct handle *h = handle;
+
+  glue_block_size (h->engine, minimum, preferred, maximum);
   return 0;
 }
 
@@ -455,7 +197,7 @@ static int
 qcow2zstd_can_write (void *handle)
 {
   struct handle *h = handle;
-  return !h->readonly && qcow2_image_writable (image);
+  return !h->readonly && qcow2_image_writable (h->engine);
 }
 
 static int
@@ -503,7 +245,7 @@ qcow2zstd_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
                  uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_read (h->conn, &file_io, buf, count, offset));
+  return errno_result (qcow2_read (h->conn, h->io, buf, count, offset));
 }
 
 static int
@@ -511,14 +253,15 @@ qcow2zstd_pwrite (void *handle, const void *buf, uint32_t count,
                   uint64_t offset, uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_write (h->conn, &file_io, buf, count, offset,
+  return errno_result (qcow2_write (h->conn, h->io, buf, count, offset,
                                     flags & NBDKIT_FLAG_FUA));
 }
 
 static int
 qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  return errno_result (qcow2_zero (image, &file_io, count, offset,
+  struct handle *h = handle;
+  return errno_result (qcow2_zero (h->engine, h->io, count, offset,
                                    flags & NBDKIT_FLAG_FAST_ZERO,
                                    flags & NBDKIT_FLAG_FUA));
 }
@@ -526,14 +269,16 @@ qcow2zstd_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 qcow2zstd_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  return errno_result (qcow2_trim (image, &file_io, count, offset,
+  struct handle *h = handle;
+  return errno_result (qcow2_trim (h->engine, h->io, count, offset,
                                    flags & NBDKIT_FLAG_FUA));
 }
 
 static int
 qcow2zstd_flush (void *handle, uint32_t flags)
 {
-  return errno_result (qcow2_flush (image, &file_io));
+  struct handle *h = handle;
+  return errno_result (qcow2_flush (h->engine, h->io));
 }
 
 static int
@@ -541,7 +286,7 @@ qcow2zstd_extents (void *handle, uint32_t count, uint64_t offset,
                    uint32_t flags, struct nbdkit_extents *extents)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_extents (h->conn, &file_io, offset, count,
+  return errno_result (qcow2_extents (h->conn, h->io, offset, count,
                                       params_add_extent, extents));
 }
 
@@ -550,7 +295,7 @@ qcow2zstd_cache (void *handle, uint32_t count, uint64_t offset,
                  uint32_t flags)
 {
   struct handle *h = handle;
-  return errno_result (qcow2_prefetch (h->conn, &file_io, offset, count));
+  return errno_result (qcow2_prefetch (h->conn, h->io, offset, count));
 }
 
 static struct nbdkit_plugin plugin = {

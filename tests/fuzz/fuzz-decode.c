@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "qcow2-codec.h"
+#include "format/codec.h"
 
 static struct qcow2_decoder *decoder;
 static uint8_t *out;

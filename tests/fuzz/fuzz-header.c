@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qcow2-header.h"
+#include "format/header.h"
 
 static int
 count_extension (void *opaque, uint32_t type, const uint8_t *data,

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "qcow2.h"
-#include "qcow2-endian.h"
+#include "format/endian.h"
 #include "mem-io.h"
 
 static int

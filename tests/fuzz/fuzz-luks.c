@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2-crypto.h"
-#include "qcow2-luks.h"
+#include "format/crypto.h"
+#include "format/luks.h"
 
 /* PBKDF2 costs what the header says, up to 2^32 iterations: cap it so
  * one input stays fast (the seeds use fewer, so they still unlock).

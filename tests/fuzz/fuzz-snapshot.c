@@ -11,8 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "qcow2-endian.h"
-#include "qcow2-snapshot.h"
+#include "format/endian.h"
+#include "format/snapshot.h"
 
 int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)

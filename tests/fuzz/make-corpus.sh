@@ -67,7 +67,7 @@ rm -rf corpus-luks corpus-snapshot
 mkdir corpus-luks corpus-snapshot
 : > "$work/config.h"
 gcc -std=gnu11 -D_GNU_SOURCE -I"$work" -I../../common make-luks-seed.c \
-  ../../common/qcow2-luks.c ../../common/qcow2-crypto.c \
+  ../../common/format/luks.c ../../common/format/crypto.c \
   $(pkg-config --cflags --libs gnutls nettle) -o "$work/make-luks-seed"
 n=0
 while read -r cipher mode key_bytes hash stripes; do
@@ -151,6 +151,52 @@ ops = [(0, 0x41, 100, 3000), (1, 0, 512, 5000), (0, 0x42, 0, 9000),
 out = b"".join(bytes([k, f]) + o.to_bytes(4, "big") + l.to_bytes(4, "big")[2:] for k, f, o, l in ops)
 sys.stdout.buffer.write(out)' > corpus-write/snap-$cs
   cat "$img" >> corpus-write/snap-$cs
+done
+
+# Write target: small qemu-made images with one table entry pointed at
+# the image's own metadata (as tests/overlap-shapes.py damages bigger
+# ones for test-overlap.sh), and writes where that entry leads: the
+# engine must refuse them, and fuzz-write checks that no other guest
+# cluster reads differently, at every step.  Compression off (bit 0 of
+# the first fill byte clear), so that the first write goes in place.
+python3 -c 'import sys
+cs = 4096
+ops = [(0, 0x40, 0, cs - 1), (0, 0x42, 5 * cs, cs - 1), (3, 0, 0, 0),
+       (4, 0, 0, 16 * cs - 1), (0, 0x46, 3 * cs, cs - 1), (1, 0, 6 * cs, cs - 1),
+       (3, 0, 0, 0), (4, 0, 0, 16 * cs - 1)]
+sys.stdout.buffer.write(b"".join(bytes([k, f]) + o.to_bytes(4, "big") + l.to_bytes(4, "big")[2:] for k, f, o, l in ops))' > "$work/overlap-ops"
+for shape in l2-reftable l2-refblock l2-l1 l2-own rt-l1 rt-l2 comp-l1; do
+  img=$work/overlap.qcow2
+  qemu-img create -q -f qcow2 -o cluster_size=4096 "$img" 64k
+  qemu-io -f qcow2 -c "write -P 0x61 0 4k" -c "write -P 0x62 4k 4k" \
+    -c "write -P 0x63 8k 4k" -c "write -c -P 0x64 12k 4k" "$img" >/dev/null
+  python3 -c 'import struct, sys
+COPIED = 1 << 63
+path, shape = sys.argv[1], sys.argv[2]
+f = open(path, "r+b")
+def be64(o):
+    f.seek(o)
+    return struct.unpack(">Q", f.read(8))[0]
+def put64(o, v):
+    f.seek(o)
+    f.write(struct.pack(">Q", v))
+f.seek(0)
+h = f.read(104)
+bits = struct.unpack(">I", h[20:24])[0]
+cs = 1 << bits
+l1, rt = struct.unpack(">QQ", h[40:56])
+l2 = be64(l1) & 0x00fffffffffffe00
+def l2pos(guest): return l2 + 8 * (guest // cs)
+if shape.startswith("l2-"):
+    put64(l2pos(0), COPIED | {"l2-reftable": rt, "l2-refblock": be64(rt),
+                              "l2-l1": l1, "l2-own": l2}[shape])
+elif shape.startswith("rt-"):
+    put64(rt, {"rt-l1": l1, "rt-l2": l2}[shape])
+else:
+    e = be64(l2pos(3 * cs))
+    x = 62 - (bits - 8)
+    put64(l2pos(3 * cs), (e & ~((1 << x) - 1)) | l1)' "$img" "$shape"
+  cat "$work/overlap-ops" "$img" > "corpus-write/overlap-$shape"
 done
 
 ls corpus-* | wc -l

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "qcow2-luks.h"
+#include "format/luks.h"
 
 int
 main (int argc, char *argv[])

@@ -2,7 +2,7 @@
 /* qcow2zstd unit tests: the engine's storage in memory.
  *
  * One struct qcow2_io over a memory buffer for every C test and fuzz
- * target.  It checks the engine's side of the contract in qcow2-io.h:
+ * target.  It checks the engine's side of the contract in base/io.h:
  * every read and write inside size(), reads and writes only from a thread
  * that called into the engine (never a pool worker), and no pwrite or
  * flush on read-only storage (they are NULL there, as the contract
@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qcow2-io.h"
+#include "base/io.h"
 
 /* Set by a test around its calls into the engine, on the calling thread:
  * the engine may use the storage only from such a thread.

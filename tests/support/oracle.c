@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "oracle.h"
-#include "qcow2-endian.h"
+#include "format/endian.h"
 
 static char dir[4096];
 

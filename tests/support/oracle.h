@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qcow2-header.h"
+#include "format/header.h"
 
 /* Make the scratch directory (under $TMPDIR), removed at exit unless
  * UNIT_KEEP_DIR is set; exit 1 if impossible.  Returns its path, which

@@ -1,0 +1,413 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: backing files (see backing.h). */
+
+#include <config.h>
+
+#include "qcow2.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backing.h"
+#include "paths/conn.h"
+#include "format/endian.h"
+#include "base/fileio.h"
+#include "format/header.h"
+#include "meta/log.h"
+#include "base/filelock.h"
+
+#define MAX_CHAIN 16
+
+struct qcow2_backing {
+  char *path;
+  bool is_qcow2;
+  struct qcow2_io io;
+  uint64_t size;                /* raw: file size; qcow2: virtual size */
+  struct qcow2_image *img;      /* qcow2 only */
+  struct qcow2_conn *conn;
+};
+
+struct format_search {
+  char format[32];
+};
+
+static int
+find_format (void *opaque, uint32_t type, const uint8_t *data, uint32_t len)
+{
+  struct format_search *fs = opaque;
+
+  if (type != QCOW2_EXT_BACKING_FORMAT)
+    return 0;
+  if (len >= sizeof fs->format)
+    len = sizeof fs->format - 1;
+  memcpy (fs->format, data, len);
+  fs->format[len] = '\0';
+  return 1;
+}
+
+/* qemu takes a name with a colon before its first slash for a protocol
+ * ("nbd:", "http://", "json:{...}"), not for a file.
+ */
+static bool
+names_protocol (const char *name)
+{
+  return name[strcspn (name, ":/")] == ':';
+}
+
+static bool
+inside_dir (const char *path, const char *dir)
+{
+  size_t n = strlen (dir);
+
+  if (strcmp (dir, "/") == 0)
+    return true;
+  return strncmp (path, dir, n) == 0 && path[n] == '/';
+}
+
+/* The allowed directories, for a message: "DIR, DIR" or a sentence. */
+static void
+list_dirs (const char *const *dirs, char *buf, size_t len)
+{
+  size_t used = 0;
+
+  buf[0] = '\0';
+  for (; dirs && *dirs && used < len; dirs++)
+    used += snprintf (buf + used, len - used, "%s%s", used ? ", " : "", *dirs);
+  if (buf[0] == '\0')
+    snprintf (buf, len, "none: the served image's directory is not known");
+}
+
+/* JOINED, the header's NAME taken from the image's directory, must lead
+ * (symbolic links resolved) to a regular file inside one of the allowed
+ * directories; *PATH is set to where it leads.  0, or -errno after
+ * saying which file, the header's name for it, and what allows it.
+ */
+static int
+check_allowed (struct qcow2_image *img, const char *name, const char *joined,
+               char **path)
+{
+  const char *const *dirs = img->opts.backing_dirs;
+  char *real = realpath (joined, NULL), *slash, allowed[512];
+  struct stat st;
+  int err;
+
+  if (real == NULL || stat (real, &st) == -1) {
+    err = errno;
+    qcow2_error (img, "cannot open the backing file %s (named '%s' in the "
+                 "image): %s", real ? real : joined, name, strerror (err));
+    free (real);
+    return -err;
+  }
+  if (!S_ISREG (st.st_mode)) {
+    qcow2_error (img, "the backing file %s (named '%s' in the image) is not "
+                 "a regular file: only regular files are opened as backing "
+                 "files named in an image (qcow2-backing=PATH names one "
+                 "explicitly)", real, name);
+    free (real);
+    return -EPERM;
+  }
+  for (; dirs && *dirs; dirs++)
+    if (inside_dir (real, *dirs)) {
+      *path = real;
+      return 0;
+    }
+  list_dirs (img->opts.backing_dirs, allowed, sizeof allowed);
+  slash = strrchr (real, '/');
+  qcow2_error (img, "the backing file %s (named '%s' in the image) is "
+               "outside the directories backing files may be opened from "
+               "(%s): qcow2-backing-dir=%.*s allows it, or "
+               "qcow2-backing=PATH names the backing file", real, name,
+               allowed, (int) (slash == real ? 1 : slash - real), real);
+  free (real);
+  return -EPERM;
+}
+
+/* Where the backing file is: the override if given, else the header's
+ * name, relative names taken from the image's own directory, if the
+ * name may be opened at all.
+ */
+static int
+resolve_path (struct qcow2_image *img, const char *name, char **path)
+{
+  const char *dir = img->opts.image_dir;
+  char *joined = NULL;
+  int r;
+
+  *path = NULL;
+  if (img->opts.backing_path) {
+    *path = strdup (img->opts.backing_path);
+    if (*path == NULL) {
+      qcow2_error (img, "out of memory");
+      return -ENOMEM;
+    }
+    return 0;
+  }
+  if (names_protocol (name)) {
+    qcow2_error (img, "the backing file name '%s' is a protocol or json: "
+                 "name, which only qemu opens: refused (only files are "
+                 "opened as backing files; qcow2-backing=PATH names one)",
+                 name);
+    return -EPERM;
+  }
+  if (name[0] == '/')
+    joined = strdup (name);
+  else if (dir == NULL) {
+    qcow2_error (img, "the image has a backing file '%s' with a relative "
+                 "name and the engine does not know the image's directory; "
+                 "give its path with qcow2-backing=PATH", name);
+    return -EINVAL;
+  }
+  else if (asprintf (&joined, "%s/%s", dir, name) == -1)
+    joined = NULL;
+  if (joined == NULL) {
+    qcow2_error (img, "out of memory");
+    return -ENOMEM;
+  }
+  r = check_allowed (img, name, joined, path);
+  free (joined);
+  return r;
+}
+
+/* How many of the LEN bytes at OFFSET of the backing disk lie inside it:
+ * a backing file smaller than the image reads as zeros past its end.
+ */
+static uint64_t
+inside (const struct qcow2_backing *b, uint64_t offset, uint64_t len)
+{
+  uint64_t avail = offset < b->size ? b->size - offset : 0;
+
+  return len < avail ? len : avail;
+}
+
+static int
+backing_read (struct qcow2_image *img, void *buf, uint64_t len,
+              uint64_t offset)
+{
+  struct qcow2_backing *b = img->backing;
+  uint64_t n = inside (b, offset, len);
+  int r = 0;
+
+  if (n > 0) {
+    if (b->is_qcow2)
+      r = qcow2_read (b->conn, &b->io, buf, n, offset);
+    else {
+      r = b->io.pread (b->io.opaque, buf, n, offset);
+      if (r < 0)
+        qcow2_error (img, "read of the backing file %s failed: %s",
+                     b->path, strerror (-r));
+    }
+    if (r < 0)
+      return r;
+  }
+  if (n < len)
+    memset ((uint8_t *) buf + n, 0, len - n);
+  return 0;
+}
+
+/* A raw backing file reports its holes, as qemu's file driver finds
+ * them (SEEK_DATA and SEEK_HOLE).
+ */
+static int
+raw_extents (struct qcow2_image *img, uint64_t offset, uint64_t len,
+             qcow2_extent_fn fn, void *opaque)
+{
+  struct qcow2_backing *b = img->backing;
+  uint64_t end = offset + len;
+  int r;
+
+  while (offset < end) {
+    uint64_t n = end - offset;
+    bool hole = false;
+
+    if (b->io.block_status) {
+      r = b->io.block_status (b->io.opaque, end - offset, offset, &n, &hole);
+      if (r < 0) {
+        qcow2_error (img, "block status of the backing file %s failed: %s",
+                     b->path, strerror (-r));
+        return r;
+      }
+      if (n == 0 || n > end - offset)
+        n = end - offset;
+    }
+    r = fn (opaque, offset, n, hole);
+    if (r != 0)
+      return r;
+    offset += n;
+  }
+  return 0;
+}
+
+static int
+backing_extents (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                 qcow2_extent_fn fn, void *opaque)
+{
+  struct qcow2_backing *b = img->backing;
+  uint64_t n = inside (b, offset, len);
+  int r = 0;
+
+  if (n > 0) {
+    /* qcow2_extents reports all of its range (it may stop early only on
+     * an error, and then the error comes back).
+     */
+    if (b->is_qcow2)
+      r = qcow2_extents (b->conn, &b->io, offset, n, fn, opaque);
+    else
+      r = raw_extents (img, offset, n, fn, opaque);
+    if (r != 0)
+      return r;
+  }
+  return n < len ? fn (opaque, offset + n, len - n, true) : 0;
+}
+
+int
+qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
+                    size_t first_len)
+{
+  const struct qcow2_header *h = &img->header;
+  struct format_search fs = { .format = "" };
+  char name[1024], err[256], magic[4];
+  struct qcow2_backing *b;
+  int r;
+
+  if (img->opts.backing_depth >= MAX_CHAIN) {
+    qcow2_error (img, "the backing chain is more than %d images deep",
+                 MAX_CHAIN);
+    return -ELOOP;
+  }
+  memcpy (name, first + h->backing_file_offset, h->backing_file_size);
+  name[h->backing_file_size] = '\0';
+  if (strlen (name) != h->backing_file_size || name[0] == '\0') {
+    qcow2_error (img, "backing_file_offset: the backing file name is empty "
+                 "or holds a NUL byte");
+    return -EINVAL;
+  }
+  if (qcow2_header_walk_extensions (first, first_len, h, find_format, &fs,
+                                    err, sizeof err) == -1) {
+    qcow2_error (img, "%s", err);
+    return -EINVAL;
+  }
+
+  b = calloc (1, sizeof *b);
+  if (b == NULL)
+    return -ENOMEM;
+  img->backing = b;
+  img->read_backing = backing_read;
+  img->backing_extents = backing_extents;
+  r = resolve_path (img, name, &b->path);
+  if (r < 0)
+    return r;
+  r = qcow2_fileio_open (b->path, false, &b->io);
+  if (r < 0) {
+    qcow2_error (img, "cannot open the backing file %s (named '%s' in the "
+                 "image): %s", b->path, name, strerror (-r));
+    return r;
+  }
+  /* qemu locks a backing file as it locks an image opened read-only. */
+  if (img->opts.locking != QCOW2_LOCK_OFF) {
+    char lock_err[512];
+    r = qcow2_lock_fd (qcow2_fileio_fd (&b->io), b->path,
+                       qcow2_lock_perms_for (false, img->opts.locking),
+                       lock_err, sizeof lock_err);
+    if (r < 0 && qcow2_lock_unsupported (r) &&
+        img->opts.locking == QCOW2_LOCK_AUTO)
+      qcow2_debug (img, "backing file: %s: read without a lock "
+                   "(qcow2-locking=auto)", lock_err);
+    else if (r < 0) {
+      qcow2_error (img, "backing file: %s", lock_err);
+      return r;
+    }
+  }
+
+  /* The header's format extension says what the backing file is; without
+   * one, look at its first bytes, as qemu does.
+   */
+  if (strcmp (fs.format, "qcow2") == 0)
+    b->is_qcow2 = true;
+  else if (strcmp (fs.format, "raw") == 0 || fs.format[0] == '\0') {
+    int64_t size = b->io.size (b->io.opaque);
+    b->is_qcow2 = fs.format[0] == '\0' && size >= 4 &&
+      b->io.pread (b->io.opaque, magic, 4, 0) == 0 &&
+      be32 (magic) == QCOW2_MAGIC;
+  }
+  else {
+    qcow2_error (img, "backing file %s: unsupported backing format '%s' "
+                 "(raw or qcow2)", b->path, fs.format);
+    return -ENOTSUP;
+  }
+
+  if (b->is_qcow2) {
+    struct qcow2_options opts = img->opts;
+    char *slash = strrchr (b->path, '/');
+    char *dir = NULL;
+    struct qcow2_log log = img->log;
+
+    if (slash && (dir = strndup (b->path, slash - b->path + (slash == b->path))) == NULL)
+      return -ENOMEM;
+    opts.writable = false;
+    opts.compress = false;
+    opts.threads = 0;
+    opts.backing_path = NULL;
+    /* The passphrase and the snapshot are the top image's. */
+    opts.passphrase = NULL;
+    opts.snapshot = NULL;
+    opts.image_dir = dir ? dir : ".";
+    opts.backing_depth = img->opts.backing_depth + 1;
+    r = qcow2_image_open (&b->io, &log, &opts, &b->img);
+    free (dir);
+    if (r < 0) {
+      qcow2_error (img, "cannot open the backing file %s as qcow2", b->path);
+      return r;
+    }
+    b->img->opts.image_dir = NULL;  /* the string is gone; not needed now */
+    b->conn = qcow2_conn_new (b->img);
+    if (b->conn == NULL)
+      return -ENOMEM;
+    b->size = b->img->header.virtual_size;
+  }
+  else {
+    int64_t size = b->io.size (b->io.opaque);
+    if (size < 0)
+      return (int) size;
+    b->size = size;
+  }
+  qcow2_debug (img, "backing file %s (%s, %" PRIu64 " bytes)", b->path,
+               b->is_qcow2 ? "qcow2" : "raw", b->size);
+  return 0;
+}
+
+void
+qcow2_backing_close (struct qcow2_image *img)
+{
+  struct qcow2_backing *b = img->backing;
+
+  if (b == NULL)
+    return;
+  qcow2_conn_free (b->conn);
+  qcow2_image_close (b->img);
+  if (b->io.opaque)
+    qcow2_fileio_close (&b->io);
+  free (b->path);
+  free (b);
+  img->backing = NULL;
+  img->read_backing = NULL;
+  img->backing_extents = NULL;
+}
+
+int
+qcow2_image_backing_files (const struct qcow2_image *img,
+                           int (*fn) (void *opaque, const char *path),
+                           void *opaque)
+{
+  int r;
+
+  for (; img && img->backing; img = img->backing->img) {
+    r = fn (opaque, img->backing->path);
+    if (r != 0)
+      return r;
+  }
+  return 0;
+}

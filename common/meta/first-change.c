@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: the image's first change (see meta/first-change.h). */
+
+#include <config.h>
+
+#include "meta/first-change.h"
+#include "format/header.h"
+#include "meta/bitmap.h"
+#include "meta/hostio.h"
+#include "meta/log.h"
+
+/* The autoclear bits the header keeps: those of what is kept valid. */
+static uint64_t
+kept_autoclear (const struct qcow2_image *img)
+{
+  return img->header.autoclear_features & qcow2_bitmaps_autoclear (img);
+}
+
+void
+qcow2_first_change_arm (struct qcow2_image *img)
+{
+  img->first_change_pending =
+    kept_autoclear (img) != img->header.autoclear_features ||
+    qcow2_bitmaps_tracking (img);
+}
+
+int
+qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
+{
+  uint64_t keep = kept_autoclear (img);
+  struct qcow2_header changed;
+  struct qcow2_field_bytes field;
+  int r = 0;
+
+  qcow2_rwlock_assert_held (&img->lock, true);
+  if (!img->first_change_pending)
+    return 0;
+  /* The flag goes first, so that the writes below are let through. */
+  img->first_change_pending = false;
+  r = qcow2_bitmaps_first_change (img, io);
+  if (r == 0 && keep != img->header.autoclear_features) {
+    qcow2_debug (img, "first change: autoclear_features 0x%" PRIx64
+                 " becomes 0x%" PRIx64, img->header.autoclear_features, keep);
+    changed = img->header;
+    changed.autoclear_features = keep;
+    qcow2_header_field (&changed, QCOW2_FIELD_AUTOCLEAR_FEATURES, &field);
+    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
+                           field.len, field.offset);
+  }
+  if (r == 0)
+    r = qcow2_flush_logged (img, io);
+  if (r < 0) {
+    img->first_change_pending = true;
+    return r;
+  }
+  img->header.autoclear_features = keep;
+  return 0;
+}

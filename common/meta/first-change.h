@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: the image's first change.
+ *
+ * Nothing on disk changes until the first change: opening an image for
+ * writing writes nothing (a session that only reads through a writable
+ * export leaves the file byte for byte as it was).  What the open would
+ * have changed is done here instead, and flushed, so that it is durable
+ * before anything it vouches for changes:
+ * - the persistent bitmaps kept valid are marked in_use
+ *   (qcow2_bitmaps_first_change);
+ * - the header's autoclear bits are cleared but those of what this
+ *   writer keeps valid (bit 0 for the bitmaps: qcow2_bitmaps_autoclear).
+ *
+ * The contract, which every write path keeps:
+ * - It runs, to completion, before the first write of anything to the
+ *   image (data, L2 and L1 tables, refcounts, header fields), by any
+ *   thread.
+ * - It runs with the image lock held exclusively, which it keeps until
+ *   its writes are flushed.  Data is written without that lock, so a
+ *   write path calls this under the lock before it decides its first
+ *   change (paths/cluster.c, paths/compress.c), or sees
+ *   img->first_change_pending clear under the lock (held shared is
+ *   enough: the flag changes only under it held exclusively) before it
+ *   lets its data go.  Metadata is written back only once something
+ *   changed, so after it.
+ * - qcow2_pwrite_logged refuses, as an internal error, a write while the
+ *   flag is still set: a path that forgot fails loudly, having written
+ *   nothing.
+ * A clean close (qcow2_finish) clears the bitmaps' in_use again; it
+ * arms the first change anew (qcow2_first_change_arm), so that a write
+ * after it marks them in use first.
+ *
+ * Offers: qcow2_first_change_arm, qcow2_first_change.
+ * Locks: qcow2_first_change with the image lock held exclusively;
+ * qcow2_first_change_arm with it held exclusively, or before anyone else
+ * sees the image.
+ * Needs: the bitmaps, host I/O, the header's autoclear bits.
+ */
+#ifndef QCOW2_FIRST_CHANGE_H
+#define QCOW2_FIRST_CHANGE_H
+
+#include "meta/image.h"
+
+/* Set img->first_change_pending if the first change has anything to do
+ * (autoclear bits to clear, bitmaps to mark in use).
+ */
+void qcow2_first_change_arm (struct qcow2_image *img);
+
+/* Returns 0 (at once if nothing is pending), or -errno after logging:
+ * the flag stays set, so that the next write tries again, and the write
+ * that called it fails having written nothing of its own.
+ */
+int qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io);
+
+#endif /* QCOW2_FIRST_CHANGE_H */

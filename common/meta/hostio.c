@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: every read, write and flush of the image file (see
+ * meta/hostio.h).
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <string.h>
+
+#include "meta/hostio.h"
+#include "base/check.h"
+#include "meta/regions.h"
+#include "meta/corrupt.h"
+#include "meta/log.h"
+
+int
+qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
+                     void *buf, uint64_t len, uint64_t offset)
+{
+  uint64_t size = atomic_load (&img->file_size);
+  uint64_t avail = offset < size ? size - offset : 0;
+  uint64_t from_file = len < avail ? len : avail;
+  int r;
+
+  if (from_file > 0) {
+    r = io->pread (io->opaque, buf, from_file, offset);
+    if (r < 0) {
+      qcow2_error (img, "read of %" PRIu64 " bytes at host offset "
+                   "0x%" PRIx64 " failed: %s", from_file, offset,
+                   strerror (-r));
+      return r;
+    }
+    atomic_fetch_add_explicit (&img->counters.bytes_read_underneath,
+                               from_file, memory_order_relaxed);
+    atomic_fetch_add_explicit (&img->counters.reads_underneath, 1,
+                               memory_order_relaxed);
+  }
+  if (from_file < len)
+    memset ((uint8_t *) buf + from_file, 0, len - from_file);
+  return 0;
+}
+
+static int
+pwrite_checked (struct qcow2_image *img, struct qcow2_io *io,
+                enum qcow2_region kind, const void *buf, uint64_t len,
+                uint64_t offset)
+{
+  uint64_t size = atomic_load (&img->file_size);
+  enum qcow2_region other;
+  uint64_t where;
+  int r;
+
+  if (atomic_load (&img->corrupt)) {
+    qcow2_error (img, "a write of %" PRIu64 " bytes of %s at host offset 0x%"
+                 PRIx64 " is refused: the image is marked corrupt", len,
+                 qcow2_region_name (kind), offset);
+    return -EIO;
+  }
+  other = qcow2_regions_overlap (img, kind, offset, len, &where);
+  if (other != QCOW2_REGION_NONE)
+    return qcow2_corrupt_overlap (img, io, kind, other, where, offset, len,
+                                  UINT64_MAX);
+  if (offset > size || len > size - offset) {
+    qcow2_error (img, "internal error: write of %" PRIu64 " bytes at 0x%"
+                 PRIx64 " would go past the end of the file", len, offset);
+    return -EIO;
+  }
+  if (atomic_load_explicit (&img->first_change_pending,
+                            memory_order_relaxed)) {
+    QCOW2_ASSERT (!atomic_load (&img->first_change_pending));
+    qcow2_error (img, "internal error: a write of %" PRIu64 " bytes at 0x%"
+                 PRIx64 " before the image's first change", len, offset);
+    return -EIO;
+  }
+  r = io->pwrite (io->opaque, buf, len, offset);
+  if (r < 0)
+    qcow2_error (img, "write of %" PRIu64 " bytes of %s at host offset 0x%"
+                 PRIx64 " failed: %s", len, qcow2_region_name (kind), offset,
+                 strerror (-r));
+  else
+    atomic_fetch_add_explicit (&img->counters.unflushed_bytes, len,
+                               memory_order_relaxed);
+  return r;
+}
+
+int
+qcow2_pwrite_data (struct qcow2_image *img, struct qcow2_io *io,
+                   const void *buf, uint64_t len, uint64_t offset)
+{
+  return pwrite_checked (img, io, QCOW2_REGION_NONE, buf, len, offset);
+}
+
+int
+qcow2_pwrite_meta (struct qcow2_image *img, struct qcow2_io *io,
+                   enum qcow2_region kind, const void *buf, uint64_t len,
+                   uint64_t offset)
+{
+  return pwrite_checked (img, io, kind, buf, len, offset);
+}
+
+int
+qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io)
+{
+  int r;
+
+  atomic_store_explicit (&img->counters.unflushed_bytes, 0,
+                         memory_order_relaxed);
+  r = io->flush (io->opaque);
+  if (r < 0)
+    qcow2_error (img, "flush failed: %s", strerror (-r));
+  return r;
+}

@@ -1,0 +1,164 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: the open image, as every module receives it.
+ *
+ * struct qcow2_image has two parts.  The core comes first: what the
+ * image is (its header, the options it was opened with, its log), the
+ * image lock, the table of what is in flight, the file's size and the
+ * counters.  Every module reads the core; who may change a field is
+ * written beside it.  Then come the sub-objects, one pointer each, owned
+ * by the module named beside it: that module alone defines the struct
+ * (in its .c, or in an internal header of its folder), makes it when the
+ * image opens and frees it when it closes; everyone else reaches it
+ * through the functions of that module's header.  A pointer is NULL
+ * where the image has no use for it (no refcounts in memory for an image
+ * opened read-only, no dedup table without compression).
+ *
+ * The image lock.  Held exclusively to change the metadata (the L1 and
+ * L2 tables, the refcounts, the allocator's state, the dirty set), held
+ * shared to look it up, and only for that: never across guest data I/O,
+ * compression or decompression, nor across the writeback's I/O.  Where
+ * it ranks among the other locks: base/lockorder.h.
+ *
+ * Offers: the struct, and small inline facts derived from the core.
+ * Needs: the header and entry formats, the options and I/O interfaces,
+ * the locks and the in-flight table.
+ */
+#ifndef QCOW2_IMAGE_H
+#define QCOW2_IMAGE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/inflight.h"
+#include "base/io.h"
+#include "base/lockorder.h"
+#include "base/options.h"
+#include "format/header.h"
+
+struct qcow2_cache;
+struct qcow2_map;
+struct qcow2_dirty;
+struct qcow2_refcounts;
+struct qcow2_allocator;
+struct qcow2_regions;
+struct qcow2_writeback;
+struct qcow2_bitmaps;
+struct qcow2_crypt;
+struct qcow2_scratch_list;
+struct qcow2_compressors;
+struct qcow2_dedup;
+struct qcow2_backing;
+
+/* What the engine counts, for qcow2_image_get_stats and the debug log. */
+struct qcow2_counters {
+  _Atomic uint64_t clusters_decompressed;     /* paths/chunk.c */
+  _Atomic uint64_t bytes_read_underneath;     /* meta/hostio.c */
+  _Atomic uint64_t reads_underneath;          /* meta/hostio.c */
+  /* Bytes written since the last flush began (meta/hostio.c), which
+   * write.c flushes early once there are many.
+   */
+  _Atomic uint64_t unflushed_bytes;
+  atomic_bool early_flush_running;            /* write.c */
+  _Atomic unsigned active_reads;              /* paths/read.c */
+};
+
+struct qcow2_image {
+  /* ----------------------------------------------------------- the core */
+
+  /* The header as on disk.  Fixed once the image is open, but for the
+   * fields written back while it is served, each changed under the
+   * image lock held exclusively by the module that writes it: the
+   * refcount table's place (meta/refcount.c), the autoclear bits
+   * (meta/first-change.c), the corrupt bit (meta/hostio.c).  When a
+   * snapshot is served, l1_size and l1_table_offset are the snapshot's.
+   */
+  struct qcow2_header header;
+  struct qcow2_log log;
+  struct qcow2_options opts;          /* fixed once open */
+  bool serving_snapshot;              /* read-only then */
+  /* A LUKS-encrypted image's LUKS header and key material, in host bytes
+   * (set by paths/encrypt.c as the image opens; zero length without).
+   */
+  uint64_t luks_area_offset, luks_area_length;
+
+  struct qcow2_rwlock lock;           /* the image lock, above */
+  /* Reads and writes between their lookup and their last I/O, and the
+   * guest clusters whose new host clusters are being written.
+   */
+  struct qcow2_inflight inflight;
+  /* The file's size: grows (growable storage) under the image lock held
+   * exclusively, when clusters are allocated (meta/alloc.c), shrinks
+   * when the free tail is cut (meta/release.c); read anywhere.
+   */
+  _Atomic uint64_t file_size;
+  /* The image's first change of a session is still to come (written by
+   * meta/first-change.c under the image lock held exclusively; read
+   * with it held, or by meta/hostio.c's check of every write).
+   */
+  atomic_bool first_change_pending;
+  /* The engine found the image damaged while writing it, and marked it
+   * corrupt: no write reaches the file any more (meta/corrupt.h).
+   */
+  atomic_bool corrupt;
+  /* Bumped (meta/release.c) before released clusters' cache entries are
+   * dropped, so that a decode started before the release cannot put
+   * them back (paths/chunk.c) and a copy verified before it is not
+   * shared (paths/compress.c).
+   */
+  _Atomic uint64_t free_generation;
+  struct qcow2_counters counters;
+
+  /* Decoded compressed clusters, by L2 entry: the read paths fill it,
+   * a release of the cluster empties its entry (meta/release.c).
+   */
+  struct qcow2_cache *cluster_cache;
+
+  /* The backing file (backing.c), NULL when unallocated clusters read
+   * as zeros, and how to read LEN bytes of its disk at OFFSET (zeros past
+   * its end) and what its chain reports for a range, as qcow2_extents
+   * reports it.  Pointers, because the paths that call them lie below
+   * backing.c, which opens the backing file as an image of its own.
+   */
+  struct qcow2_backing *backing;
+  int (*read_backing) (struct qcow2_image *img, void *buf, uint64_t len,
+                       uint64_t offset);
+  int (*backing_extents) (struct qcow2_image *img, uint64_t offset,
+                          uint64_t len, qcow2_extent_fn fn, void *opaque);
+
+  /* ------------------------------------------------- the sub-objects */
+
+  struct qcow2_map *map;              /* meta/map.c: L1, L2 cache */
+  struct qcow2_dirty *dirty;          /* meta/dirty.c: changed tables */
+  struct qcow2_refcounts *refcounts;  /* meta/refcount.c */
+  struct qcow2_allocator *alloc;      /* meta/alloc.c, pack.c, release.c */
+  struct qcow2_regions *regions;      /* meta/regions.c */
+  struct qcow2_writeback *writeback;  /* meta/writeback.c */
+  struct qcow2_bitmaps *bitmaps;      /* meta/bitmap*.c */
+  struct qcow2_crypt *crypt;          /* paths/encrypt.c */
+  struct qcow2_scratch_list *scratch; /* paths/scratch.c */
+  struct qcow2_compressors *compressors; /* paths/compress.c */
+  struct qcow2_dedup *dedup;          /* paths/dedup.c */
+};
+
+/* Is the image LUKS-encrypted (its data clusters hold ciphertext)? */
+static inline bool
+qcow2_image_encrypted (const struct qcow2_image *img)
+{
+  return img->header.crypt_method == QCOW2_CRYPT_LUKS;
+}
+
+/* The guest cluster and host cluster arithmetic of the image. */
+static inline uint64_t
+qcow2_cluster_of (const struct qcow2_image *img, uint64_t offset)
+{
+  return offset >> img->header.cluster_bits;
+}
+
+static inline uint64_t
+qcow2_offset_of (const struct qcow2_image *img, uint64_t cluster)
+{
+  return cluster << img->header.cluster_bits;
+}
+
+#endif /* QCOW2_IMAGE_H */

@@ -1,0 +1,428 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: where guest clusters live: the L1 table, L2 lookups
+ * and the validation of every entry before it is used.
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meta/log.h"
+#include "meta/map.h"
+#include "base/cache.h"
+#include "base/check.h"
+#include "format/endian.h"
+#include "format/entries.h"
+#include "meta/dirty.h"
+#include "meta/hostio.h"
+
+/* The map: the L1 table in memory and the cache of L2 tables. */
+struct qcow2_map {
+  uint64_t *l1;                       /* host order, l1_size entries */
+  /* Images opened for writing: per L1 entry, changed since a writeback
+   * copied it, and whether any is.
+   */
+  uint8_t *l1_changed;
+  bool l1_any_changed;
+  struct qcow2_cache *l2_cache;       /* raw big-endian L2 tables */
+};
+
+int
+qcow2_map_open (struct qcow2_image *img, struct qcow2_io *io,
+                uint64_t l2_cache_bytes)
+{
+  const struct qcow2_header *h = &img->header;
+  struct qcow2_map *map = calloc (1, sizeof *map);
+  uint32_t i;
+  int r;
+
+  if (map == NULL)
+    goto nomem;
+  img->map = map;
+  map->l2_cache = qcow2_cache_new (h->cluster_size, l2_cache_bytes);
+  map->l1 = calloc (h->l1_size ? h->l1_size : 1, sizeof *map->l1);
+  if (map->l2_cache == NULL || map->l1 == NULL)
+    goto nomem;
+  if (img->opts.writable &&
+      (map->l1_changed = calloc (h->l1_size ? h->l1_size : 1, 1)) == NULL)
+    goto nomem;
+  if (h->l1_size == 0)
+    return 0;
+  r = qcow2_pread_clamped (img, io, map->l1, (uint64_t) h->l1_size * 8,
+                           h->l1_table_offset);
+  if (r < 0)
+    return r;
+  for (i = 0; i < h->l1_size; ++i)
+    map->l1[i] = be64 (&map->l1[i]);
+  return 0;
+
+ nomem:
+  qcow2_error (img, "out of memory for the L1 table (%u entries) and the "
+               "L2 cache", h->l1_size);
+  return -ENOMEM;
+}
+
+void
+qcow2_map_close (struct qcow2_image *img)
+{
+  struct qcow2_map *map = img->map;
+
+  if (map == NULL)
+    return;
+  qcow2_cache_free (map->l2_cache);
+  free (map->l1);
+  free (map->l1_changed);
+  free (map);
+  img->map = NULL;
+}
+
+uint64_t
+qcow2_l1_entry (const struct qcow2_image *img, uint64_t l1_index)
+{
+  QCOW2_ASSERT (l1_index < img->header.l1_size);
+  return img->map->l1[l1_index];
+}
+
+void
+qcow2_l1_set_entry (struct qcow2_image *img, uint64_t l1_index,
+                    uint64_t entry)
+{
+  QCOW2_ASSERT (l1_index < img->header.l1_size);
+  img->map->l1[l1_index] = entry;
+}
+
+void
+qcow2_l1_mark_changed (struct qcow2_image *img, uint64_t l1_index)
+{
+  QCOW2_ASSERT (l1_index < img->header.l1_size && img->map->l1_changed);
+  img->map->l1_changed[l1_index] = 1;
+  img->map->l1_any_changed = true;
+}
+
+bool
+qcow2_l1_changed (const struct qcow2_image *img, uint64_t l1_index)
+{
+  return img->map->l1_changed && img->map->l1_changed[l1_index];
+}
+
+int
+qcow2_l1_copy (struct qcow2_image *img, struct l1_copy *copy)
+{
+  struct qcow2_map *map = img->map;
+  size_t n = 0;
+  uint32_t i;
+
+  memset (copy, 0, sizeof *copy);
+  if (!map->l1_any_changed)
+    return 0;
+  for (i = 0; i < img->header.l1_size; ++i)
+    n += map->l1_changed[i];
+  if (n) {
+    copy->index = malloc (n * sizeof *copy->index);
+    copy->data = malloc (n * 8);
+    if (copy->index == NULL || copy->data == NULL) {
+      free (copy->index);
+      free (copy->data);
+      memset (copy, 0, sizeof *copy);
+      qcow2_error (img, "out of memory writing the L1 table back");
+      return -ENOMEM;
+    }
+  }
+  for (i = 0; copy->count < n; ++i)
+    if (map->l1_changed[i]) {
+      copy->index[copy->count] = i;
+      put_be64 (copy->data + 8 * copy->count, map->l1[i]);
+      copy->count++;
+      map->l1_changed[i] = 0;
+    }
+  map->l1_any_changed = false;
+  return 0;
+}
+
+int
+qcow2_l1_copy_write (struct qcow2_image *img, struct qcow2_io *io,
+                     const struct l1_copy *copy)
+{
+  size_t i = 0, j;
+  int r;
+
+  while (i < copy->count) {
+    /* A run of consecutive entries, in one write. */
+    j = i + 1;
+    while (j < copy->count && copy->index[j] == copy->index[j - 1] + 1)
+      j++;
+    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_L1, copy->data + 8 * i,
+                           8 * (j - i), img->header.l1_table_offset +
+                           8 * (uint64_t) copy->index[i]);
+    if (r < 0)
+      return r;
+    i = j;
+  }
+  return 0;
+}
+
+void
+qcow2_l1_copy_done (struct qcow2_image *img, struct l1_copy *copy,
+                    bool written)
+{
+  size_t i;
+
+  if (!written && copy->count) {
+    for (i = 0; i < copy->count; ++i)
+      img->map->l1_changed[copy->index[i]] = 1;
+    img->map->l1_any_changed = true;
+  }
+  free (copy->index);
+  free (copy->data);
+  memset (copy, 0, sizeof *copy);
+}
+
+bool
+qcow2_l1_unallocated (const struct qcow2_image *img, uint64_t l1_index)
+{
+  return l1_index >= img->header.l1_size || img->map->l1[l1_index] == 0;
+}
+
+int
+qcow2_l2_table_read (struct qcow2_image *img, struct qcow2_io *io,
+                     uint64_t offset, uint8_t *buf)
+{
+  const uint32_t cluster_size = img->header.cluster_size;
+  int r;
+
+  if (qcow2_cache_get (img->map->l2_cache, offset, 0, buf, cluster_size))
+    return 0;
+  r = qcow2_pread_clamped (img, io, buf, cluster_size, offset);
+  if (r == 0)
+    qcow2_cache_put (img->map->l2_cache, offset, buf);
+  return r;
+}
+
+void
+qcow2_l2_table_written (struct qcow2_image *img, uint64_t offset,
+                        const uint8_t *data)
+{
+  qcow2_cache_put (img->map->l2_cache, offset, data);
+}
+
+void
+qcow2_l2_table_forget (struct qcow2_image *img, uint64_t offset)
+{
+  qcow2_cache_drop (img->map->l2_cache, offset);
+}
+
+void
+qcow2_l2_cache_stats (struct qcow2_image *img,
+                      struct qcow2_cache_stats *stats)
+{
+  qcow2_cache_get_stats (img->map->l2_cache, stats);
+}
+
+int
+qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
+                uint64_t entry, struct cluster_map *map)
+{
+  const struct qcow2_header *h = &img->header;
+  uint64_t guest = guest_cluster << h->cluster_bits;
+  uint64_t offset;
+
+  map->l2_entry = entry;
+  map->compressed_len = 0;
+
+  if (entry & L2E_COMPRESSED) {
+    uint64_t sectors = qcow2_compressed_sectors (entry, h->cluster_bits);
+
+    offset = qcow2_compressed_offset (entry, h->cluster_bits);
+    /* qemu never compresses into an encrypted image ("Compression and
+     * encryption not supported at the same time"), and such data could
+     * only be read undecrypted.
+     */
+    if (qcow2_image_encrypted (img)) {
+      qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": a "
+                   "compressed cluster in an encrypted image (entry 0x%016"
+                   PRIx64 ")", guest, entry);
+      return -EIO;
+    }
+    map->kind = CLUSTER_COMPRESSED;
+    map->host_offset = offset;
+    map->compressed_len = sectors * 512 - (offset & 511);
+    if (offset >= img->file_size) {
+      qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": compressed "
+                   "data at host offset 0x%" PRIx64 " lies past the end of "
+                   "the file (%" PRIu64 " bytes)",
+                   guest, offset, img->file_size);
+      return -EIO;
+    }
+    return 0;
+  }
+
+  if (entry & L2E_RESERVED_MASK) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": reserved "
+                 "bits are set (entry 0x%016" PRIx64 ")", guest, entry);
+    return -EIO;
+  }
+  offset = entry & L2E_OFFSET_MASK;
+  if (offset & (h->cluster_size - 1)) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": host offset "
+                 "0x%" PRIx64 " is not cluster aligned", guest, offset);
+    return -EIO;
+  }
+  map->host_offset = offset;
+
+  if ((entry & L2E_ZERO) && h->extended_l2) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": the zero "
+                 "flag is reserved with extended L2 entries", guest);
+    return -EIO;
+  }
+  if (entry & L2E_ZERO) {
+    if (h->version < 3) {
+      qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": the zero "
+                   "flag is set in a version 2 image", guest);
+      return -EIO;
+    }
+    map->kind = CLUSTER_ZERO;
+    return 0;
+  }
+  if (offset == 0) {
+    map->kind = CLUSTER_UNALLOCATED;
+    return 0;
+  }
+  if (offset >= img->file_size) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": host offset "
+                 "0x%" PRIx64 " lies past the end of the file "
+                 "(%" PRIu64 " bytes)", guest, offset, img->file_size);
+    return -EIO;
+  }
+  map->kind = CLUSTER_NORMAL;
+  return 0;
+}
+
+static int
+check_bitmap (struct qcow2_image *img, uint64_t guest_cluster,
+              const struct cluster_map *map, uint64_t bitmap)
+{
+  uint64_t guest = guest_cluster << img->header.cluster_bits;
+  uint32_t alloc = bitmap, zero = bitmap >> 32;
+
+  if (map->kind == CLUSTER_COMPRESSED && bitmap != 0) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": a compressed "
+                 "cluster with a subcluster bitmap (0x%016" PRIx64 ")",
+                 guest, bitmap);
+    return -EIO;
+  }
+  if (alloc & zero) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": subclusters "
+                 "both allocated and zero (bitmap 0x%016" PRIx64 ")",
+                 guest, bitmap);
+    return -EIO;
+  }
+  if (map->kind == CLUSTER_UNALLOCATED && alloc) {
+    qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": allocated "
+                 "subclusters in a cluster without a host offset (bitmap "
+                 "0x%016" PRIx64 ")", guest, bitmap);
+    return -EIO;
+  }
+  return 0;
+}
+
+int
+qcow2_classify_fetched (struct qcow2_image *img, uint64_t first, size_t i,
+                        const uint64_t *entries, const uint64_t *bitmaps,
+                        struct cluster_map *map)
+{
+  int r = qcow2_classify (img, first + i, entries[i], map);
+
+  if (r == 0 && img->header.extended_l2)
+    r = check_bitmap (img, first + i, map, bitmaps[i]);
+  return r;
+}
+
+int
+qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
+                  uint64_t first, size_t *n, uint64_t *entries,
+                  uint64_t *bitmaps, uint8_t *l2buf)
+{
+  const struct qcow2_header *h = &img->header;
+  const size_t esize = h->l2_entry_size;
+  uint64_t l2_entries = UINT64_C (1) << h->l2_bits;
+  uint64_t l1_index = first >> h->l2_bits;
+  uint64_t l2_index = first & (l2_entries - 1);
+  uint64_t l1e, l2_offset;
+  const struct meta_table *changed;
+  uint8_t raw[QCOW2_L2_BATCH * 16];
+  size_t i, count = *n;
+  int r;
+
+  if (count > l2_entries - l2_index)
+    count = l2_entries - l2_index;
+  if (count > QCOW2_L2_BATCH)
+    count = QCOW2_L2_BATCH;
+  *n = count;
+  if (bitmaps)
+    memset (bitmaps, 0, count * sizeof *bitmaps);
+
+  if (l1_index >= h->l1_size) {
+    /* Cannot happen for offsets inside the virtual size (the header check
+     * makes the L1 table cover it); be safe anyway.
+     */
+    memset (entries, 0, count * sizeof *entries);
+    return 0;
+  }
+  l1e = img->map->l1[l1_index];
+  l2_offset = l1e & L1E_OFFSET_MASK;
+  if (l1e & L1E_RESERVED_MASK) {
+    qcow2_error (img, "L1 entry %" PRIu64 ": reserved bits are set "
+                 "(entry 0x%016" PRIx64 ")", l1_index, l1e);
+    return -EIO;
+  }
+  if (l2_offset == 0) {
+    memset (entries, 0, count * sizeof *entries);
+    return 0;
+  }
+  if (l2_offset & (h->cluster_size - 1)) {
+    qcow2_error (img, "L1 entry %" PRIu64 ": L2 table offset 0x%" PRIx64
+                 " is not cluster aligned", l1_index, l2_offset);
+    return -EIO;
+  }
+  if (l2_offset > img->file_size ||
+      h->cluster_size > img->file_size - l2_offset) {
+    qcow2_error (img, "L1 entry %" PRIu64 ": L2 table at 0x%" PRIx64
+                 " lies outside the file (%" PRIu64 " bytes)",
+                 l1_index, l2_offset, img->file_size);
+    return -EIO;
+  }
+
+  changed = qcow2_dirty_table (img, l2_offset);
+  if (changed) {
+    memcpy (raw, changed->data + l2_index * esize, count * esize);
+    goto convert;
+  }
+  if (!qcow2_cache_get (img->map->l2_cache, l2_offset, l2_index * esize,
+                        raw, count * esize)) {
+    r = qcow2_pread_clamped (img, io, l2buf, h->cluster_size, l2_offset);
+    if (r < 0)
+      return r;
+    qcow2_cache_put (img->map->l2_cache, l2_offset, l2buf);
+    memcpy (raw, l2buf + l2_index * esize, count * esize);
+  }
+ convert:
+  /* Extended entries are the standard entry and then the subcluster
+   * bitmap.
+   */
+  for (i = 0; i < count; ++i) {
+    entries[i] = be64 (raw + i * esize);
+    if (bitmaps && esize == 16)
+      bitmaps[i] = be64 (raw + i * esize + 8);
+  }
+  return 0;
+}
+
+void
+qcow2_compressed_span (const struct cluster_map *map, uint64_t *start,
+                       uint64_t *len)
+{
+  *start = map->host_offset & ~UINT64_C (511);
+  *len = (map->host_offset & 511) + map->compressed_len;
+}

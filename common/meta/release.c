@@ -1,0 +1,330 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: releasing host clusters (see meta/release.h). */
+
+#include <config.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meta/release.h"
+#include "meta/pack.h"
+#include "meta/alloc-internal.h"
+#include "base/cache.h"
+#include "base/inflight.h"
+#include "meta/log.h"
+#include "meta/refcount.h"
+#include "meta/regions.h"
+
+int
+qcow2_free_later (struct qcow2_image *img, uint64_t offset, uint64_t length,
+                  uint64_t cache_key)
+{
+  struct qcow2_allocator *a = img->alloc;
+
+  if (a->npending == a->pending_cap) {
+    size_t cap = a->pending_cap ? a->pending_cap * 2 : 64;
+    struct pending_free *p = realloc (a->pending, cap * sizeof *p);
+    if (p == NULL) {
+      qcow2_error (img, "out of memory for the list of clusters to free");
+      return -ENOMEM;
+    }
+    a->pending = p;
+    a->pending_cap = cap;
+  }
+  a->pending[a->npending++] = (struct pending_free) {
+    .offset = offset, .length = length, .cache_key = cache_key,
+    .mark = qcow2_inflight_mark (&img->inflight),
+  };
+  return 0;
+}
+
+size_t
+qcow2_pending_frees (const struct qcow2_image *img)
+{
+  return img->alloc->npending + img->alloc->in_writeback;
+}
+
+void
+qcow2_take_frees (struct qcow2_image *img, struct pending_list *list)
+{
+  struct qcow2_allocator *a = img->alloc;
+
+  list->frees = a->pending;
+  list->count = a->npending;
+  a->in_writeback += a->npending;
+  a->pending = NULL;
+  a->npending = a->pending_cap = 0;
+}
+
+uint64_t
+qcow2_frees_mark (const struct pending_list *list)
+{
+  /* Marks only grow along the queue. */
+  return list->count ? list->frees[list->count - 1].mark : 0;
+}
+
+void
+qcow2_return_frees (struct qcow2_image *img, struct pending_list *list)
+{
+  struct qcow2_allocator *a = img->alloc;
+  size_t n = list->count;
+
+  a->in_writeback -= n;
+  if (n && a->npending + n > a->pending_cap) {
+    size_t cap = a->npending + n;
+    struct pending_free *p = realloc (a->pending, cap * sizeof *p);
+    if (p == NULL) {
+      /* Memory is gone: the clusters leak (refcounts stay too high),
+       * which qemu-img check reports and repairs; nothing is lost.
+       */
+      qcow2_error (img, "out of memory keeping %zu clusters to free: they "
+                   "stay allocated", n);
+      n = 0;
+    }
+    else {
+      a->pending = p;
+      a->pending_cap = cap;
+    }
+  }
+  if (n) {
+    memmove (a->pending + n, a->pending, a->npending * sizeof *a->pending);
+    memcpy (a->pending, list->frees, n * sizeof *a->pending);
+    a->npending += n;
+  }
+  free (list->frees);
+  list->frees = NULL;
+  list->count = 0;
+}
+
+/* Hold CLUSTER, whose refcount just dropped to 0, back from allocation
+ * until qcow2_alloc_reuse_released.  Without memory for that, it is
+ * free at once and never discarded, which is safe.
+ */
+static void
+hold_released (struct qcow2_image *img, uint64_t cluster)
+{
+  struct qcow2_allocator *a = img->alloc;
+  struct cluster_run *last = a->nreleased ? &a->released[a->nreleased - 1]
+    : NULL;
+
+  qcow2_pack_forget_cluster (img, cluster);
+  qcow2_regions_remove (img, cluster);
+  if (last && last->first + last->count == cluster) {
+    last->count++;
+    return;
+  }
+  if (a->nreleased == a->released_cap) {
+    size_t cap = a->released_cap ? a->released_cap * 2 : 64;
+    struct cluster_run *p = realloc (a->released, cap * sizeof *p);
+    if (p == NULL) {
+      if (cluster < a->free_hint)
+        a->free_hint = cluster;
+      return;
+    }
+    a->released = p;
+    a->released_cap = cap;
+  }
+  a->released[a->nreleased++] = (struct cluster_run) { cluster, 1 };
+}
+
+static int
+run_cmp (const void *x, const void *y)
+{
+  const struct cluster_run *a = x, *b = y;
+
+  return a->first < b->first ? -1 : a->first > b->first;
+}
+
+/* Sort the held runs and join those that touch, for is_released. */
+static void
+sort_released (struct qcow2_allocator *a)
+{
+  size_t i, n = 0;
+
+  if (a->nreleased < 2)
+    return;
+  qsort (a->released, a->nreleased, sizeof *a->released, run_cmp);
+  for (i = 1; i < a->nreleased; ++i) {
+    struct cluster_run *prev = &a->released[n];
+    if (a->released[i].first <= prev->first + prev->count) {
+      uint64_t end = a->released[i].first + a->released[i].count;
+      if (end > prev->first + prev->count)
+        prev->count = end - prev->first;
+    }
+    else
+      a->released[++n] = a->released[i];
+  }
+  a->nreleased = n + 1;
+}
+
+int
+qcow2_apply_frees (struct qcow2_image *img, struct qcow2_io *io,
+                   struct pending_list *list)
+{
+  struct qcow2_allocator *a = img->alloc;
+  const unsigned bits = img->header.cluster_bits;
+  size_t i;
+  int r = 0;
+
+  if (list->count)
+    atomic_fetch_add (&img->free_generation, 1);
+  for (i = 0; i < list->count && r == 0; ++i) {
+    struct pending_free *p = &list->frees[i];
+    uint64_t c, now, last;
+
+    if (p->cache_key)
+      qcow2_cache_drop (img->cluster_cache, p->cache_key);
+    last = (p->offset + p->length - 1) >> bits;
+
+    for (c = p->offset >> bits; c <= last; ++c) {
+      r = qcow2_refcount_add (img, io, c, -1, &now);
+      if (r < 0) {
+        /* Keep what is left for a later try: from this cluster on (its
+         * cached copy, if any, is gone already).
+         */
+        p->length = p->offset + p->length - (c << bits);
+        p->offset = c << bits;
+        p->cache_key = 0;
+        break;
+      }
+      if (now == 0)
+        hold_released (img, c);
+    }
+  }
+  sort_released (a);
+  if (r < 0) {
+    i--;
+    memmove (list->frees, list->frees + i,
+             (list->count - i) * sizeof *list->frees);
+    a->in_writeback -= i;
+    list->count -= i;
+    qcow2_return_frees (img, list);
+    return r;
+  }
+  a->in_writeback -= list->count;
+  free (list->frees);
+  list->frees = NULL;
+  list->count = 0;
+  return 0;
+}
+
+size_t
+qcow2_alloc_released (const struct qcow2_image *img)
+{
+  return img->alloc->nreleased;
+}
+
+/* Tell the storage that run R holds nothing; add its bytes to
+ * *DISCARDED.  Only advice: a failure is a debug message, and
+ * -EOPNOTSUPP stops the discards for good.
+ */
+static void
+discard_run (struct qcow2_image *img, struct qcow2_io *io,
+             const struct cluster_run *run, uint64_t storage_end,
+             uint64_t *discarded)
+{
+  const unsigned bits = img->header.cluster_bits;
+  uint64_t offset = run->first << bits;
+  uint64_t len = run->count << bits;
+  int r;
+
+  if (offset >= storage_end || img->alloc->discard_failed)
+    return;
+  if (len > storage_end - offset)
+    len = storage_end - offset;
+  r = io->discard (io->opaque, len, offset);
+  if (r == 0) {
+    *discarded += len;
+    return;
+  }
+  if (r == -EOPNOTSUPP)
+    img->alloc->discard_failed = true;
+  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "discard of %" PRIu64 " bytes at "
+                  "host offset 0x%" PRIx64 " failed: %s%s", len, offset,
+                  strerror (-r),
+                  r == -EOPNOTSUPP ? "; no more discards are sent" : "");
+}
+
+/* Storage that grows: cut it after the last cluster in use, when the
+ * released runs reach its end.  *STORAGE_END becomes its new size.
+ */
+static int
+cut_free_tail (struct qcow2_image *img, struct qcow2_io *io,
+               uint64_t *storage_end)
+{
+  struct qcow2_allocator *a = img->alloc;
+  const unsigned bits = img->header.cluster_bits;
+  const struct cluster_run *last = &a->released[a->nreleased - 1];
+  uint64_t end = (img->file_size + img->header.cluster_size - 1) >> bits;
+  uint64_t c = end, refcount;
+  int r;
+
+  if (last->first + last->count < end)
+    return 0;
+  while (c > 1) {
+    r = qcow2_refcount_get (img, io, c - 1, &refcount);
+    if (r < 0)
+      return r;
+    if (refcount != 0 ||
+        qcow2_regions_kind (img, c - 1) != QCOW2_REGION_NONE)
+      break;
+    c--;
+  }
+  if ((c << bits) >= *storage_end)
+    return 0;
+  r = io->truncate (io->opaque, c << bits);
+  if (r < 0) {
+    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "cutting the file to %" PRIu64
+                    " bytes failed: %s", c << bits, strerror (-r));
+    return 0;
+  }
+  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "the file is cut to %" PRIu64
+                  " bytes: its last %" PRIu64 " clusters were free",
+                  c << bits, end - c);
+  *storage_end = c << bits;
+  if (img->file_size > *storage_end)
+    img->file_size = *storage_end;
+  return 0;
+}
+
+int
+qcow2_alloc_reuse_released (struct qcow2_image *img, struct qcow2_io *io)
+{
+  struct qcow2_allocator *a = img->alloc;
+  uint64_t storage_end = img->file_size, discarded = 0;
+  size_t i;
+  int r;
+
+  if (a->nreleased == 0)
+    return 0;
+  if (img->opts.discard == QCOW2_DISCARD_UNMAP) {
+    if (img->opts.growable) {
+      int64_t size = io->size (io->opaque);
+      if (size < 0) {
+        qcow2_error (img, "cannot get the size of the image: %s",
+                     strerror ((int) -size));
+        return (int) size;
+      }
+      if ((uint64_t) size < storage_end)
+        storage_end = size;
+      if (io->truncate) {
+        r = cut_free_tail (img, io, &storage_end);
+        if (r < 0)
+          return r;
+      }
+    }
+    if (io->discard)
+      for (i = 0; i < a->nreleased; ++i)
+        discard_run (img, io, &a->released[i], storage_end, &discarded);
+    if (discarded)
+      qcow2_debug_if (img, QCOW2_DEBUG_MAP, "discarded %" PRIu64 " bytes "
+                      "of released clusters in %zu ranges", discarded,
+                      a->nreleased);
+  }
+  for (i = 0; i < a->nreleased; ++i)
+    if (a->released[i].first < a->free_hint)
+      a->free_hint = a->released[i].first;
+  a->nreleased = 0;
+  return 0;
+}

@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: the metadata writeback.
+ *
+ * Changed L2 tables (the dirty set), the changed L1 entries and the
+ * refcounts stay in memory until qcow2_flush, or until too much has piled
+ * up; then a copy of them is written in the order that keeps the image
+ * consistent on disk at every moment (see meta/writeback.h).
+ */
+
+#include <config.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meta/writeback.h"
+#include "base/lockorder.h"
+#include "base/inflight.h"
+#include "meta/dirty.h"
+#include "meta/hostio.h"
+#include "meta/log.h"
+#include "meta/map.h"
+#include "meta/refcount.h"
+#include "meta/release.h"
+
+/* Write back before this much changed metadata piles up in memory. */
+#define MAX_DIRTY_L2_BYTES (UINT64_C (16) << 20)
+#define MIN_DIRTY_L2_TABLES 8
+#define MAX_PENDING_FREES 65536
+
+struct qcow2_writeback {
+  /* One metadata writeback at a time, taken with no other lock held but
+   * the bitmaps' store lock (base/lockorder.h).
+   */
+  struct qcow2_mutex lock;
+};
+
+int
+qcow2_writeback_open (struct qcow2_image *img)
+{
+  img->writeback = calloc (1, sizeof *img->writeback);
+  if (img->writeback == NULL) {
+    qcow2_error (img, "out of memory for the write state");
+    return -ENOMEM;
+  }
+  qcow2_mutex_init (&img->writeback->lock, QCOW2_RANK_WRITEBACK,
+                    "the writeback lock");
+  return 0;
+}
+
+void
+qcow2_writeback_close (struct qcow2_image *img)
+{
+  if (img->writeback == NULL)
+    return;
+  qcow2_mutex_destroy (&img->writeback->lock);
+  free (img->writeback);
+  img->writeback = NULL;
+}
+
+bool
+qcow2_too_much_dirty (struct qcow2_image *img)
+{
+  uint64_t limit = MAX_DIRTY_L2_BYTES / img->header.cluster_size;
+
+  if (limit < MIN_DIRTY_L2_TABLES)
+    limit = MIN_DIRTY_L2_TABLES;
+  return qcow2_dirty_count (img) > limit ||
+    qcow2_pending_frees (img) > MAX_PENDING_FREES;
+}
+
+/* What one writeback writes: a copy of every changed L2 table and L1
+ * entry, the refcounts' own copy, and the releases queued before the
+ * copy was made (the copy no longer points at any of them).
+ */
+struct copy {
+  struct refcount_snapshot rc;
+  struct dirty_copy l2;
+  struct l1_copy l1;
+  struct pending_list frees;
+};
+
+/* With the image lock held exclusively: copy what changed into *C and
+ * count it clean, and take the queued releases.  On an error (logged)
+ * nothing is taken.
+ */
+static int
+copy_take (struct qcow2_image *img, struct copy *c)
+{
+  int r;
+
+  memset (c, 0, sizeof *c);
+  r = qcow2_dirty_copy (img, &c->l2);
+  if (r == 0) {
+    r = qcow2_l1_copy (img, &c->l1);
+    if (r < 0)
+      qcow2_dirty_copy_done (img, &c->l2, false, NULL);
+  }
+  if (r == 0) {
+    r = qcow2_refcount_snapshot (img, &c->rc);
+    if (r < 0) {
+      qcow2_dirty_copy_done (img, &c->l2, false, NULL);
+      qcow2_l1_copy_done (img, &c->l1, false);
+    }
+  }
+  if (r == 0)
+    qcow2_take_frees (img, &c->frees);
+  return r;
+}
+
+/* With the image lock held exclusively, after the copy was written
+ * (WRITTEN) or not: tables that stayed clean since leave the dirty set
+ * for the L2 cache; if the copy was not written, what it held counts as
+ * changed again.  The releases are the caller's.
+ */
+static void
+copy_done (struct qcow2_image *img, struct copy *c, bool written)
+{
+  qcow2_refcount_snapshot_done (img, &c->rc, written);
+  qcow2_dirty_copy_done (img, &c->l2, written, qcow2_l2_table_written);
+  qcow2_l1_copy_done (img, &c->l1, written);
+}
+
+/* The writeback, with the writeback lock held. */
+static int
+writeback_serialized (struct qcow2_image *img, struct qcow2_io *io,
+                      bool flush_underneath)
+{
+  struct copy c;
+  bool releases, held;
+  int r;
+
+  qcow2_rwlock_wrlock (&img->lock);
+  r = copy_take (img, &c);
+  /* Clusters released by a writeback that failed after applying its
+   * releases: their decrements go with this copy's refcounts, and must
+   * be flushed before step 4.
+   */
+  held = qcow2_alloc_released (img) > 0;
+  if (held)
+    flush_underneath = true;
+  qcow2_rwlock_unlock (&img->lock);
+  if (r < 0)
+    return r;
+  releases = c.frees.count > 0;
+
+  /* 1. Increments: refcount blocks, table, header. */
+  r = qcow2_refcount_write (img, io, &c.rc);
+
+  /* 2. L2 tables, then L1, each only after what it points at is durable:
+   * the data (written before its entry was changed) and the increments.
+   */
+  if (r == 0 && (c.l2.count || c.l1.count)) {
+    r = qcow2_flush_logged (img, io);
+    if (r == 0)
+      r = qcow2_dirty_copy_write (img, io, &c.l2);
+    if (r == 0 && c.l1.count) {
+      r = qcow2_flush_logged (img, io);
+      if (r == 0)
+        r = qcow2_l1_copy_write (img, io, &c.l1);
+    }
+  }
+
+  /* 3. Decrements, once nothing on disk points at those clusters and no
+   * read or write that looked them up before is still in flight.
+   */
+  if (r == 0 && releases) {
+    qcow2_inflight_wait (&img->inflight, qcow2_frees_mark (&c.frees));
+    r = qcow2_flush_logged (img, io);
+  }
+  qcow2_rwlock_wrlock (&img->lock);
+  copy_done (img, &c, r == 0);
+  if (releases) {
+    if (r == 0)
+      r = qcow2_apply_frees (img, io, &c.frees);
+    else
+      qcow2_return_frees (img, &c.frees);
+    if (r == 0)
+      r = qcow2_refcount_snapshot (img, &c.rc);
+  }
+  qcow2_rwlock_unlock (&img->lock);
+  if (r == 0 && releases) {
+    r = qcow2_refcount_write (img, io, &c.rc);
+    qcow2_rwlock_wrlock (&img->lock);
+    qcow2_refcount_snapshot_done (img, &c.rc, r == 0);
+    qcow2_rwlock_unlock (&img->lock);
+    flush_underneath = true;
+  }
+
+  if (r == 0 && flush_underneath)
+    r = qcow2_flush_logged (img, io);
+
+  /* 4. The clusters the decrements brought to 0 are free on disk now,
+   * and past the grace period their releases waited for in step 3 (only
+   * this writeback, under the writeback lock, applies releases, so every
+   * held cluster was applied after its wait): discard them, then they
+   * may be handed out again.  Under the image lock, since the allocator
+   * and the file's size change.  Only this function holds clusters back,
+   * so with neither releases nor held clusters there is nothing to do.
+   */
+  if (r == 0 && (releases || held)) {
+    qcow2_rwlock_wrlock (&img->lock);
+    if (qcow2_alloc_released (img))
+      r = qcow2_alloc_reuse_released (img, io);
+    qcow2_rwlock_unlock (&img->lock);
+  }
+  return r;
+}
+
+int
+qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
+                 bool flush_underneath)
+{
+  int r;
+
+  qcow2_mutex_lock (&img->writeback->lock);
+  r = writeback_serialized (img, io, flush_underneath);
+  qcow2_mutex_unlock (&img->writeback->lock);
+  return r;
+}
+
+int
+qcow2_writeback_if_idle (struct qcow2_image *img, struct qcow2_io *io)
+{
+  int r;
+
+  if (!qcow2_mutex_trylock (&img->writeback->lock))
+    return 0;
+  r = writeback_serialized (img, io, false);
+  qcow2_mutex_unlock (&img->writeback->lock);
+  return r;
+}

@@ -1,0 +1,364 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* qcow2zstd engine: writes, zeroes, trims, flushes.
+ *
+ * Implements qcow2_write, qcow2_zero, qcow2_trim, qcow2_flush and
+ * qcow2_finish (qcow2.h, the contract).  Each of the first three marks
+ * the range it covers in the persistent bitmaps first, with one call
+ * (qcow2_bitmaps_mark), as qemu's block layer marks whole requests; a
+ * flush stores the bitmaps with the metadata, and the last writer's
+ * finish leaves them consistent (meta/bitmap.h).  The paths below take the image lock only to decide and
+ * write the data without it (paths/cluster.h); the metadata they change
+ * reaches the disk in the order meta/writeback.h describes.  With
+ * compression on, whole clusters are compressed and their compressed
+ * data written with no lock held, and only placed under it
+ * (paths/compress.h); the parts of clusters at either end of a write
+ * take the plain path.  When the file is full but released clusters wait
+ * for a writeback, the paths answer CHANGE_NEEDS_ROOM (meta/alloc.h) and
+ * this file does the writeback, holding nothing, and goes on.  FUA: a
+ * write that changed no metadata, into clusters whose metadata is on
+ * disk, only flushes the device; anything else writes the metadata back.
+ */
+
+#include <config.h>
+
+#include "qcow2.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "meta/bitmap.h"
+#include "paths/cluster.h"
+#include "paths/compress.h"
+#include "paths/conn.h"
+#include "paths/dedup.h"
+#include "meta/first-change.h"
+#include "meta/hostio.h"
+#include "meta/log.h"
+#include "meta/writeback.h"
+#include "paths/scratch.h"
+
+/* The paths answered CHANGE_NEEDS_ROOM: the file is full, but clusters
+ * released since the last writeback wait for it before they may be
+ * reused.  The writeback applies those releases; the caller then goes on
+ * from where it stopped.  It holds no lock, claim or grace period here.
+ */
+static int
+reclaim (struct qcow2_image *img, struct qcow2_io *io)
+{
+  return qcow2_writeback (img, io, false);
+}
+
+/* qcow2_change_range over the whole range, reclaiming room as often as
+ * the allocator asks for it.  Each reclaim applies at least one release
+ * and the allocator asks again only once new ones are queued, which
+ * takes progress, so this ends.
+ */
+static int
+change (struct qcow2_image *img, struct qcow2_io *io, struct qcow2_conn *conn,
+        struct request *req, enum qcow2_op op, const uint8_t *buf,
+        uint64_t count, uint64_t offset, struct change_result *result)
+{
+  uint64_t done;
+  int r;
+
+  for (;;) {
+    switch (qcow2_change_range (img, io, conn, req, op, buf, count, offset,
+                                &done, result, &r)) {
+    case CHANGE_DONE:
+      return 0;
+    case CHANGE_FAILED:
+      return r;
+    case CHANGE_NEEDS_ROOM:
+      r = reclaim (img, io);
+      if (r < 0)
+        return r;
+      break;
+    }
+    if (buf)
+      buf += done;
+    count -= done;
+    offset += done;
+  }
+}
+
+static int
+check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
+{
+  if (!img->opts.writable) {
+    qcow2_error (img, "the image was opened read-only");
+    return -EROFS;
+  }
+  if (atomic_load (&img->corrupt)) {
+    qcow2_error (img, "the image is marked corrupt: writes are refused "
+                 "(check it with qemu-img check -r all); reads go on");
+    return -EIO;
+  }
+  if (offset > img->header.virtual_size ||
+      count > img->header.virtual_size - offset) {
+    qcow2_error (img, "request of %" PRIu64 " bytes at %" PRIu64
+                 " is beyond the virtual size %" PRIu64,
+                 count, offset, img->header.virtual_size);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+/* Compress the batch (no lock held), then place it. */
+static int
+flush_compress_batch (struct qcow2_io *io, struct compress_ctx *ctx,
+                      uint64_t first_gc, struct change_result *result)
+{
+  struct qcow2_image *img = ctx->img;
+  struct write_scratch *ws;
+  int r;
+
+  if (ctx->count == 0)
+    return 0;
+  r = qcow2_compress_run (ctx);
+  if (r < 0)
+    return r;
+  ws = qcow2_scratch_get (img);
+  if (ws == NULL)
+    return -ENOMEM;
+  for (;;) {
+    enum change_outcome outcome = qcow2_compress_place (img, io, ctx, ws,
+                                                        first_gc, result,
+                                                        &r);
+    if (outcome == CHANGE_DONE)
+      r = 0;
+    if (outcome != CHANGE_NEEDS_ROOM || (r = reclaim (img, io)) < 0)
+      break;
+  }
+  qcow2_scratch_put (img, ws);
+  ctx->count = 0;
+  return r;
+}
+
+/* A write with compression on: whole clusters (and the disk's last
+ * cluster when the write reaches the end of the disk) are compressed;
+ * the parts of clusters at either end take the plain path.
+ */
+static int
+write_compressed (struct qcow2_conn *conn, struct qcow2_io *io,
+                  const uint8_t *buf, uint64_t count, uint64_t offset,
+                  struct change_result *result)
+{
+  struct qcow2_image *img = qcow2_conn_image (conn);
+  const uint32_t bits = img->header.cluster_bits;
+  const uint64_t cluster_size = img->header.cluster_size;
+  const uint64_t end = offset + count;
+  struct compress_ctx *ctx;
+  uint64_t pos = offset, batch_gc = 0;
+  size_t clusters = (count >> bits) + 1;
+  int r = 0, r2;
+
+  if (clusters > qcow2_compress_batch_max (img))
+    clusters = qcow2_compress_batch_max (img);
+  ctx = qcow2_conn_batch_get (conn, clusters);
+  if (ctx == NULL)
+    return -ENOMEM;
+
+  while (pos < end && r == 0) {
+    uint64_t cstart = pos & ~(cluster_size - 1);
+    uint64_t cend = cstart + cluster_size;
+    uint64_t hi = end < cend ? end : cend;
+
+    if (cend > img->header.virtual_size)
+      cend = img->header.virtual_size;
+    if (pos == cstart && cend <= end) {
+      if (ctx->count == 0)
+        batch_gc = cstart >> bits;
+      ctx->src[ctx->count] = buf + (pos - offset);
+      ctx->src_len[ctx->count] = cend - cstart;
+      /* Hashed here, where the data just came in and is still in this
+       * CPU's cache (a compressor thread would fetch it from memory).
+       * The zero padded last cluster is never shared.
+       */
+      ctx->hash[ctx->count] = 0;
+      ctx->dedup[ctx->count] = 0;
+      if (cend - cstart == cluster_size) {
+        ctx->hash[ctx->count] = qcow2_dedup_hash (ctx->src[ctx->count],
+                                                  cluster_size);
+        bool pending;
+        ctx->dedup[ctx->count] = qcow2_dedup_find (img, ctx->hash[ctx->count],
+                                                   &pending);
+        /* A copy still being written is waited for when placing. */
+        if (pending)
+          ctx->dedup[ctx->count] = 0;
+      }
+      ctx->count++;
+      pos = cend;
+      if (ctx->count == ctx->capacity)
+        r = flush_compress_batch (io, ctx, batch_gc, result);
+      continue;
+    }
+    r = flush_compress_batch (io, ctx, batch_gc, result);
+    if (r < 0)
+      break;
+    r = change (img, io, conn, NULL, QCOW2_OP_WRITE, buf + (pos - offset),
+                hi - pos, pos, result);
+    pos = hi;
+  }
+  r2 = flush_compress_batch (io, ctx, batch_gc, result);
+  if (r == 0)
+    r = r2;
+  qcow2_conn_batch_put (conn, ctx);
+  return r;
+}
+
+/* A stream of writes (a whole disk copied in) leaves its data in the
+ * host's page cache, where the kernel's own writeback may not touch it
+ * for many seconds; the final flush then waits for all of it at once.
+ * Flushing each time this much has been written, from the writing thread
+ * and outside the image lock, lets the device write while other threads
+ * go on compressing.  It is only a flush of data already written: it
+ * takes no part in the ordering of metadata updates.
+ */
+#define EARLY_FLUSH_BYTES (UINT64_C (64) << 20)
+
+static int
+flush_data_early (struct qcow2_image *img, struct qcow2_io *io)
+{
+  bool running = false;
+  int r;
+
+  if (atomic_load_explicit (&img->counters.unflushed_bytes,
+                           memory_order_relaxed) < EARLY_FLUSH_BYTES)
+    return 0;
+  if (!atomic_compare_exchange_strong (&img->counters.early_flush_running,
+                                       &running, true))
+    return 0;
+  r = qcow2_flush_logged (img, io);
+  atomic_store (&img->counters.early_flush_running, false);
+  return r;
+}
+
+/* After a change: a FUA request makes it durable (a write in place into
+ * clusters whose metadata is on disk only needs the device flushed), and
+ * metadata that piled up is written back.
+ */
+static int
+finish_change (struct qcow2_image *img, struct qcow2_io *io, bool fua,
+               const struct change_result *result)
+{
+  int r = 0;
+
+  if (fua)
+    r = result->needs_writeback ? qcow2_writeback (img, io, true)
+      : qcow2_flush_logged (img, io);
+  else if (result->too_much_dirty)
+    r = qcow2_writeback_if_idle (img, io);
+  return r;
+}
+
+int
+qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
+             const void *buf, uint64_t count, uint64_t offset, bool fua)
+{
+  struct qcow2_image *img = qcow2_conn_image (conn);
+  struct change_result result = { false, false };
+  int r = check_writable (img, count, offset);
+
+  if (r < 0 || count == 0)
+    return r;
+  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "write 0x%" PRIx64 "+%" PRIu64 "%s%s",
+                  offset, count, img->opts.compress ? " (compressing)" : "",
+                  fua ? " FUA" : "");
+  qcow2_bitmaps_mark (img, offset, count);
+  if (img->opts.compress)
+    r = write_compressed (conn, io, buf, count, offset, &result);
+  else {
+    /* An encrypted image's data is encrypted into a request's buffer,
+     * on the connection's pool.
+     */
+    struct request *req = NULL;
+
+    if (qcow2_image_encrypted (img) &&
+        ((req = qcow2_conn_request_get (conn)) == NULL ||
+         qcow2_conn_request_crypt_buf (conn, req) < 0)) {
+      if (req)
+        qcow2_conn_request_put (conn, req);
+      return -ENOMEM;
+    }
+    r = change (img, io, conn, req, QCOW2_OP_WRITE, buf, count, offset,
+                &result);
+    if (req)
+      qcow2_conn_request_put (conn, req);
+  }
+  if (r == 0)
+    r = finish_change (img, io, fua, &result);
+  if (r == 0)
+    r = flush_data_early (img, io);
+  return r;
+}
+
+int
+qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
+            uint64_t count, uint64_t offset, bool fast, bool fua)
+{
+  struct change_result result = { false, false };
+  int r = check_writable (img, count, offset);
+
+  if (r < 0 || count == 0)
+    return r;
+  if (fast) {
+    bool needs;
+    r = qcow2_zero_needs_writes (img, io, count, offset, &needs);
+    if (r == 0 && needs)
+      r = -ENOTSUP;
+  }
+  if (r < 0)
+    return r;
+  qcow2_bitmaps_mark (img, offset, count);
+  r = change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, count, offset,
+              &result);
+  if (r == 0)
+    r = finish_change (img, io, fua, &result);
+  return r;
+}
+
+int
+qcow2_trim (struct qcow2_image *img, struct qcow2_io *io,
+            uint64_t count, uint64_t offset, bool fua)
+{
+  struct change_result result = { false, false };
+  int r = check_writable (img, count, offset);
+
+  if (r < 0 || count == 0)
+    return r;
+  qcow2_bitmaps_mark (img, offset, count);
+  r = change (img, io, NULL, NULL, QCOW2_OP_TRIM, NULL, count, offset,
+              &result);
+  if (r == 0)
+    r = finish_change (img, io, fua, &result);
+  return r;
+}
+
+int
+qcow2_flush (struct qcow2_image *img, struct qcow2_io *io)
+{
+  bool cleared;
+
+  if (!img->opts.writable)
+    return 0;
+  return qcow2_bitmaps_store (img, io, QCOW2_STORE_IN_USE, &cleared);
+}
+
+int
+qcow2_finish (struct qcow2_image *img, struct qcow2_io *io)
+{
+  bool cleared;
+  int r;
+
+  if (!img->opts.writable)
+    return 0;
+  r = qcow2_bitmaps_store (img, io, QCOW2_STORE_CLEAN, &cleared);
+  if (cleared) {
+    /* Consistent on disk again: a later write marks them in use first. */
+    qcow2_rwlock_wrlock (&img->lock);
+    qcow2_first_change_arm (img);
+    qcow2_rwlock_unlock (&img->lock);
+  }
+  return r;
+}
