@@ -293,11 +293,26 @@ qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
   return r;
 }
 
+/* A zero or a trim, once checked: no data of the client's to carry. */
+static int
+change_without_data (struct qcow2_image *img, struct qcow2_io *io,
+                     enum qcow2_op op, uint64_t count, uint64_t offset,
+                     bool fua)
+{
+  struct change_result result = { false, false };
+  int r;
+
+  qcow2_bitmaps_mark (img, offset, count);
+  r = change (img, io, NULL, NULL, op, NULL, count, offset, &result);
+  if (r == 0)
+    r = finish_change (img, io, fua, &result);
+  return r;
+}
+
 int
 qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
             uint64_t count, uint64_t offset, bool fast, bool fua)
 {
-  struct change_result result = { false, false };
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)
@@ -310,29 +325,18 @@ qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
   }
   if (r < 0)
     return r;
-  qcow2_bitmaps_mark (img, offset, count);
-  r = change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, count, offset,
-              &result);
-  if (r == 0)
-    r = finish_change (img, io, fua, &result);
-  return r;
+  return change_without_data (img, io, QCOW2_OP_ZERO, count, offset, fua);
 }
 
 int
 qcow2_trim (struct qcow2_image *img, struct qcow2_io *io,
             uint64_t count, uint64_t offset, bool fua)
 {
-  struct change_result result = { false, false };
   int r = check_writable (img, count, offset);
 
   if (r < 0 || count == 0)
     return r;
-  qcow2_bitmaps_mark (img, offset, count);
-  r = change (img, io, NULL, NULL, QCOW2_OP_TRIM, NULL, count, offset,
-              &result);
-  if (r == 0)
-    r = finish_change (img, io, fua, &result);
-  return r;
+  return change_without_data (img, io, QCOW2_OP_TRIM, count, offset, fua);
 }
 
 int
