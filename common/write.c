@@ -34,6 +34,7 @@
 #include "paths/dedup.h"
 #include "meta/first-change.h"
 #include "meta/hostio.h"
+#include "meta/map.h"
 #include "meta/log.h"
 #include "meta/writeback.h"
 #include "paths/scratch.h"
@@ -94,14 +95,7 @@ check_writable (struct qcow2_image *img, uint64_t count, uint64_t offset)
                  "(check it with qemu-img check -r all); reads go on");
     return -EIO;
   }
-  if (offset > img->header.virtual_size ||
-      count > img->header.virtual_size - offset) {
-    qcow2_error (img, "request of %" PRIu64 " bytes at %" PRIu64
-                 " is beyond the virtual size %" PRIu64,
-                 count, offset, img->header.virtual_size);
-    return -EINVAL;
-  }
-  return 0;
+  return qcow2_guest_range_check (img, "request", count, offset);
 }
 
 /* Compress the batch (no lock held), then place it. */

@@ -6,6 +6,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,20 @@ struct qcow2_map {
   bool l1_any_changed;
   struct qcow2_cache *l2_cache;       /* raw big-endian L2 tables */
 };
+
+int
+qcow2_guest_range_check (struct qcow2_image *img, const char *what,
+                         uint64_t count, uint64_t offset)
+{
+  if (offset > img->header.virtual_size ||
+      count > img->header.virtual_size - offset) {
+    qcow2_error (img, "%s of %" PRIu64 " bytes at %" PRIu64
+                 " is beyond the virtual size %" PRIu64,
+                 what, count, offset, img->header.virtual_size);
+    return -EINVAL;
+  }
+  return 0;
+}
 
 int
 qcow2_map_open (struct qcow2_image *img, struct qcow2_io *io,

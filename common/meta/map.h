@@ -42,6 +42,12 @@ struct cluster_map {
 /* Read the L1 table the header names and make the L2 cache
  * (L2_CACHE_BYTES).  0, or -errno after logging.
  */
+/* Is [OFFSET, OFFSET + COUNT) inside the guest disk?  0, or -EINVAL with
+ * a message that names the request as WHAT ("read", "request").
+ */
+int qcow2_guest_range_check (struct qcow2_image *img, const char *what,
+                             uint64_t count, uint64_t offset);
+
 int qcow2_map_open (struct qcow2_image *img, struct qcow2_io *io,
                     uint64_t l2_cache_bytes);
 void qcow2_map_close (struct qcow2_image *img);

@@ -176,13 +176,9 @@ read_range (struct qcow2_conn *conn, struct qcow2_io *io,
 
   if (count == 0)
     return 0;
-  if (offset > img->header.virtual_size ||
-      count > img->header.virtual_size - offset) {
-    qcow2_error (img, "read of %" PRIu64 " bytes at %" PRIu64
-                 " is beyond the virtual size %" PRIu64,
-                 count, offset, img->header.virtual_size);
-    return -EINVAL;
-  }
+  r = qcow2_guest_range_check (img, "read", count, offset);
+  if (r < 0)
+    return r;
   req = qcow2_conn_request_get (conn);
   if (req == NULL)
     return -ENOMEM;
