@@ -38,6 +38,7 @@
 #include "meta/log.h"
 #include "meta/writeback.h"
 #include "paths/scratch.h"
+#include "base/lockorder.h"
 
 /* The paths answered CHANGE_NEEDS_ROOM: the file is full, but clusters
  * released since the last writeback wait for it before they may be

@@ -13,6 +13,7 @@
 #include "meta/refcount.h"
 #include "meta/regions.h"
 #include "meta/release.h"
+#include "base/lockorder.h"
 
 int
 qcow2_alloc_init (struct qcow2_image *img)

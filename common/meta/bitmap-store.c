@@ -18,6 +18,7 @@
 #include "meta/regions.h"
 #include "meta/release.h"
 #include "meta/writeback.h"
+#include "base/lockorder.h"
 
 /* What one store writes for one tracked bitmap. */
 struct bitmap_store {

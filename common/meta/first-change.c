@@ -8,6 +8,7 @@
 #include "meta/bitmap.h"
 #include "meta/hostio.h"
 #include "meta/log.h"
+#include "base/lockorder.h"
 
 /* The autoclear bits the header keeps: those of what is kept valid. */
 static uint64_t

@@ -19,6 +19,7 @@
 #include "meta/refcount.h"
 #include "meta/regions.h"
 #include "meta/release.h"
+#include "base/lockorder.h"
 
 /* Is the L2 table at OFFSET (L1 entry L1_ENTRY, index L1_INDEX) shared
  * with a snapshot?  Its L1 entry's COPIED says so; with snapshots, the

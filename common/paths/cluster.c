@@ -23,6 +23,7 @@
 #include "paths/commit.h"
 #include "paths/encrypt.h"
 #include "paths/scratch.h"
+#include "base/lockorder.h"
 
 /* What one guest cluster of a piece gets, before the commit is asked. */
 enum plain_action {

@@ -20,6 +20,7 @@
 #include "meta/regions.h"
 #include "meta/release.h"
 #include "meta/writeback.h"
+#include "base/lockorder.h"
 
 void
 commit_init (struct commit *commit, struct qcow2_image *img,

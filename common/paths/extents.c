@@ -18,6 +18,7 @@
 #include "paths/conn.h"
 #include "meta/log.h"
 #include "meta/map.h"
+#include "base/lockorder.h"
 
 /* L2 entries fetched at a time (on the stack). */
 #define ENTRY_BATCH 512

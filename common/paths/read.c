@@ -38,6 +38,7 @@
 #include "base/inflight.h"
 #include "meta/map.h"
 #include "paths/readahead.h"
+#include "base/lockorder.h"
 
 /* L2 entries fetched at a time (on the stack). */
 #define ENTRY_BATCH 512

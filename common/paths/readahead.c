@@ -10,6 +10,7 @@
 #include "paths/chunk.h"
 #include "paths/conn.h"
 #include "meta/map.h"
+#include "base/lockorder.h"
 
 /* L2 entries looked at, at most (on the stack). */
 #define ENTRY_BATCH 512
