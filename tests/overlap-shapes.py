@@ -52,7 +52,7 @@ class Image:
         (self.l1_offset, self.rt_offset) = struct.unpack(">QQ", h[40:56])
         (self.rt_clusters, self.nb_snapshots) = struct.unpack(">II", h[56:64])
         (self.snapshots_offset,) = struct.unpack(">Q", h[64:72])
-        (self.header_length,) = struct.unpack(">I", h[100:104])
+        (self.refcount_order, self.header_length) = struct.unpack(">II", h[96:104])
         self.extensions = self.read_extensions()
 
     def read(self, off, n):
@@ -192,6 +192,26 @@ def compressed_at(target, guest=3 * C):
     return damage
 
 
+def refcount_zero(guest):
+    """The refcount of GUEST's host cluster set to 0, its L2 entry kept:
+    the cluster looks free to an allocator that trusts the refcounts."""
+    def damage(img):
+        cluster = img.be64(img.l2_pos(guest)) & OFFSET_MASK
+        index = cluster >> img.cluster_bits
+        width = 1 << img.refcount_order
+        per_block = img.cs * 8 // width
+        block = img.be64(img.rt_offset + 8 * (index // per_block)) & OFFSET_MASK
+        if width != 16:
+            die("refcount_zero: only 16-bit refcounts")
+        pos = block + 2 * (index % per_block)
+        old = struct.unpack(">H", img.read(pos, 2))[0]
+        img.f.seek(pos)
+        img.f.write(b"\0\0")
+        return "refcount of host cluster 0x%x (guest 0x%x) at 0x%x: %d -> 0" % (
+            cluster, guest, pos, old)
+    return damage
+
+
 def reftable(img): return img.rt_offset
 def refblock(img): return img.be64(img.rt_offset)
 def l1(img): return img.l1_offset
@@ -217,8 +237,11 @@ def bitmap_table(img): return img.bitmap_table()[0]
 #                            does not decode) and marks nothing
 #   writes                   writes it: qemu does not check that region
 #                            (its overlap checks know no LUKS area and no
-#                            bitmap table), or frees a metadata cluster
-#                            through a compressed descriptor
+#                            bitmap table), frees a metadata cluster
+#                            through a compressed descriptor, or hands out
+#                            a cluster that a table maps but whose
+#                            refcount reads 0 (the next allocation, guest
+#                            cluster 6, lands on guest cluster 0's data)
 # The filter and the plugin must refuse every one with EIO and mark the
 # image corrupt (where qemu would only log or write, refuse).
 SHAPES = {
@@ -235,6 +258,8 @@ SHAPES = {
                              refcount_table_at(own_l2)),
     "refcount-table-at-itself": ("plain", 6 * C, 4096, "-", "corrupt:qcow2_header",
                                  refcount_table_at(reftable)),
+    "refcount-zero-but-mapped": ("plain", 6 * C, 4096, "-", "writes",
+                                 refcount_zero(0)),
     "l1-at-refcount-table": ("plain", 0, 4096, "0,1,2,3", "corrupt:refcount table",
                              l1_at(reftable)),
     "l1-at-refcount-block": ("plain", 0, 4096, "0,1,2,3",

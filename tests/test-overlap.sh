@@ -6,7 +6,9 @@
 # itself, a snapshot's L1 table, the snapshot table, the LUKS area, the
 # bitmap directory or a bitmap table; a refcount table entry pointing at
 # the L1 table, an L2 table or the refcount table; an L1 entry pointing
-# at metadata; a compressed descriptor pointing into metadata) is made
+# at metadata; a compressed descriptor pointing into metadata; a host
+# cluster that an L2 entry maps with its refcount set to 0, which the
+# next allocation would hand out) is made
 # from a small qemu-made image (64 KiB clusters, guest clusters 0 to 3
 # written), and then:
 #

@@ -2,11 +2,12 @@
 /* qcow2zstd engine: the allocator's state, for meta/alloc.c, meta/pack.c
  * and meta/release.c only.
  *
- * The three files are one module with three jobs: finding free clusters
+ * The four files are one module with four jobs: finding free clusters
  * and making the refcount blocks and table that count them (alloc.c),
- * packing compressed data back to back (pack.c), and the queue of
- * releases that frees clusters once the metadata that stopped pointing
- * at them is durable (release.c).  Everyone else goes through
+ * packing compressed data back to back (pack.c), the queue of releases
+ * that frees clusters once the metadata that stopped pointing at them is
+ * durable (release.c), and the clusters that look free but that a table
+ * maps, which are never handed out (uncounted.c).  Everyone else goes through
  * meta/alloc.h, meta/pack.h and meta/release.h.
  */
 #ifndef QCOW2_ALLOC_INTERNAL_H
@@ -35,6 +36,17 @@ struct pack_gap {
 
 #define QCOW2_PACK_GAPS 64
 
+/* A host cluster an L2 table maps while its refcount reads 0
+ * (meta/uncounted.c).
+ */
+struct uncounted {
+  uint64_t cluster;
+  uint64_t table;             /* the L2 table's host offset */
+  uint64_t guest;             /* the guest offset, or UINT64_MAX */
+};
+
+#define QCOW2_UNCOUNTED_MAX 4096
+
 struct qcow2_allocator {
   uint64_t host_clusters;     /* clusters that fit in the file */
   uint64_t free_hint;         /* no free cluster below this index */
@@ -60,7 +72,25 @@ struct qcow2_allocator {
   struct cluster_run *released;
   size_t nreleased, released_cap;
   bool discard_failed;        /* the storage refused a discard: stop */
+
+  /* uncounted.c: clusters mapped but counted 0, sorted by cluster. */
+  struct uncounted *uncounted;
+  size_t nuncounted, uncounted_cap;
 };
+
+/* The L2 tables read from disk since the last call (meta/map.h) checked
+ * against the refcounts: the clusters they map that are counted 0 are
+ * remembered.  With the image lock held exclusively, before the
+ * allocator looks for free clusters.  0, or -errno after logging.
+ */
+int qcow2_uncounted_check_loaded (struct qcow2_image *img,
+                                  struct qcow2_io *io);
+
+/* CLUSTER, counted 0, is about to be handed out: if an L2 table maps it,
+ * mark the image corrupt and return -EIO; else 0.
+ */
+int qcow2_uncounted_refuse (struct qcow2_image *img, struct qcow2_io *io,
+                            uint64_t cluster);
 
 /* Is CLUSTER held back until its release is durable and discarded? */
 bool qcow2_alloc_is_released (const struct qcow2_allocator *a,

@@ -44,6 +44,7 @@ qcow2_alloc_free (struct qcow2_image *img)
     return;
   free (a->pending);
   free (a->released);
+  free (a->uncounted);
   free (a);
   img->alloc = NULL;
 }
@@ -91,6 +92,8 @@ cluster_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t i,
       qcow2_alloc_is_released (img->alloc, i))
     return 0;
   r = qcow2_refcount_get (img, io, i, &refcount);
+  if (r == 0 && refcount == 0)
+    r = qcow2_uncounted_refuse (img, io, i);
   if (r == 0)
     *is_free = refcount == 0;
   return r;
@@ -299,6 +302,9 @@ qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
       qcow2_regions_kind (img, index) != QCOW2_REGION_NONE ||
       qcow2_alloc_is_released (img->alloc, index))
     return -EBUSY;
+  r = qcow2_uncounted_check_loaded (img, io);
+  if (r < 0)
+    return r;
   r = ensure_block (img, io, index);
   if (r == -ENOSPC)
     return -EBUSY;
@@ -322,6 +328,9 @@ qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
   int r;
 
   qcow2_rwlock_assert_held (&img->lock, true);
+  r = qcow2_uncounted_check_loaded (img, io);
+  if (r < 0)
+    return r;
   for (;;) {
     bool still_free = true;
 

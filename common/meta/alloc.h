@@ -10,7 +10,9 @@
  * (meta/writeback.h).  A cluster the list of metadata regions holds is
  * never handed out, whatever its refcount says (meta/regions.h): a
  * damaged image whose table is counted 0 is not made worse by one table
- * overwriting another.
+ * overwriting another.  Nor is a cluster counted 0 that an L2 table the
+ * engine read maps (meta/uncounted.c): the image is marked corrupt
+ * instead, and the allocation fails with EIO.
  *
  * Full.  When no cluster is free the allocation fails with -ENOSPC.  If
  * releases wait for a writeback (meta/release.h), the writeback will

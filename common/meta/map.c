@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,7 @@
 #include "format/entries.h"
 #include "meta/dirty.h"
 #include "meta/hostio.h"
+#include "base/lockorder.h"
 
 /* The map: the L1 table in memory and the cache of L2 tables. */
 struct qcow2_map {
@@ -28,7 +30,55 @@ struct qcow2_map {
   uint8_t *l1_changed;
   bool l1_any_changed;
   struct qcow2_cache *l2_cache;       /* raw big-endian L2 tables */
+  /* Images opened for writing: the host offsets of L2 tables read from
+   * disk since the allocator last took them (meta/uncounted.c checks
+   * them against the refcounts).  A reader that finds the list full
+   * drops its table: the check covers what it can at no cost to reads.
+   */
+  struct qcow2_mutex loaded_lock;     /* leaf: held for a copy only */
+  uint64_t loaded[QCOW2_L2_LOADED_MAX];
+  size_t nloaded;
+  _Atomic size_t loaded_hint;         /* nloaded, read without the lock */
 };
+
+/* An L2 table at OFFSET was read from disk into the cache. */
+static void
+note_loaded (struct qcow2_map *map, uint64_t offset)
+{
+  if (map->l1_changed == NULL)
+    return;                     /* read-only: nothing is allocated */
+  qcow2_mutex_lock (&map->loaded_lock);
+  if (map->nloaded < QCOW2_L2_LOADED_MAX) {
+    map->loaded[map->nloaded++] = offset;
+    map->loaded_hint = map->nloaded;
+  }
+  qcow2_mutex_unlock (&map->loaded_lock);
+}
+
+size_t
+qcow2_l2_loaded_take (struct qcow2_image *img, uint64_t *offsets)
+{
+  struct qcow2_map *map = img->map;
+  size_t n;
+
+  if (map->loaded_hint == 0)
+    return 0;
+  qcow2_mutex_lock (&map->loaded_lock);
+  n = map->nloaded;
+  memcpy (offsets, map->loaded, n * sizeof *offsets);
+  map->nloaded = 0;
+  map->loaded_hint = 0;
+  qcow2_mutex_unlock (&map->loaded_lock);
+  return n;
+}
+
+bool
+qcow2_l2_table_cached (struct qcow2_image *img, uint64_t offset,
+                       uint8_t *buf)
+{
+  return qcow2_cache_get (img->map->l2_cache, offset, 0, buf,
+                          img->header.cluster_size);
+}
 
 int
 qcow2_guest_range_check (struct qcow2_image *img, const char *what,
@@ -56,6 +106,8 @@ qcow2_map_open (struct qcow2_image *img, struct qcow2_io *io,
   if (map == NULL)
     goto nomem;
   img->map = map;
+  qcow2_mutex_init (&map->loaded_lock, QCOW2_RANK_LEAF,
+                    "the L2 tables read since the allocator looked");
   map->l2_cache = qcow2_cache_new (h->cluster_size, l2_cache_bytes);
   map->l1 = calloc (h->l1_size ? h->l1_size : 1, sizeof *map->l1);
   if (map->l2_cache == NULL || map->l1 == NULL)
@@ -87,6 +139,7 @@ qcow2_map_close (struct qcow2_image *img)
   if (map == NULL)
     return;
   qcow2_cache_free (map->l2_cache);
+  qcow2_mutex_destroy (&map->loaded_lock);
   free (map->l1);
   free (map->l1_changed);
   free (map);
@@ -210,8 +263,10 @@ qcow2_l2_table_read (struct qcow2_image *img, struct qcow2_io *io,
   if (qcow2_cache_get (img->map->l2_cache, offset, 0, buf, cluster_size))
     return 0;
   r = qcow2_pread_clamped (img, io, buf, cluster_size, offset);
-  if (r == 0)
+  if (r == 0) {
     qcow2_cache_put (img->map->l2_cache, offset, buf);
+    note_loaded (img->map, offset);
+  }
   return r;
 }
 
@@ -420,6 +475,7 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
     if (r < 0)
       return r;
     qcow2_cache_put (img->map->l2_cache, l2_offset, l2buf);
+    note_loaded (img->map, l2_offset);
     memcpy (raw, l2buf + l2_index * esize, count * esize);
   }
  convert:

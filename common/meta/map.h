@@ -105,6 +105,21 @@ void qcow2_l2_table_written (struct qcow2_image *img, uint64_t offset,
                              const uint8_t *data);
 void qcow2_l2_table_forget (struct qcow2_image *img, uint64_t offset);
 
+/* The L2 table at OFFSET as the cache holds it, into BUF (a cluster);
+ * false if it is not cached.  Only the disk's version: a table in the
+ * dirty set may differ (meta/dirty.h).
+ */
+bool qcow2_l2_table_cached (struct qcow2_image *img, uint64_t offset,
+                            uint8_t *buf);
+
+/* Of an image opened for writing: the host offsets of the L2 tables read
+ * from disk since the last call, into OFFSETS (QCOW2_L2_LOADED_MAX
+ * entries), and how many.  Tables read while the list was full are not
+ * in it.  Any lock mode; the allocator calls it (meta/uncounted.c).
+ */
+#define QCOW2_L2_LOADED_MAX 1024
+size_t qcow2_l2_loaded_take (struct qcow2_image *img, uint64_t *offsets);
+
 /* The L2 cache's counters. */
 void qcow2_l2_cache_stats (struct qcow2_image *img,
                            struct qcow2_cache_stats *stats);
