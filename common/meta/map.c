@@ -37,8 +37,7 @@ struct qcow2_map {
    */
   struct qcow2_mutex loaded_lock;     /* leaf: held for a copy only */
   uint64_t loaded[QCOW2_L2_LOADED_MAX];
-  size_t nloaded;
-  _Atomic size_t loaded_hint;         /* nloaded, read without the lock */
+  _Atomic size_t nloaded;             /* changed under the lock only */
 };
 
 /* An L2 table at OFFSET was read from disk into the cache. */
@@ -48,10 +47,8 @@ note_loaded (struct qcow2_map *map, uint64_t offset)
   if (map->l1_changed == NULL)
     return;                     /* read-only: nothing is allocated */
   qcow2_mutex_lock (&map->loaded_lock);
-  if (map->nloaded < QCOW2_L2_LOADED_MAX) {
+  if (map->nloaded < QCOW2_L2_LOADED_MAX)
     map->loaded[map->nloaded++] = offset;
-    map->loaded_hint = map->nloaded;
-  }
   qcow2_mutex_unlock (&map->loaded_lock);
 }
 
@@ -61,13 +58,12 @@ qcow2_l2_loaded_take (struct qcow2_image *img, uint64_t *offsets)
   struct qcow2_map *map = img->map;
   size_t n;
 
-  if (map->loaded_hint == 0)
-    return 0;
+  if (map->nloaded == 0)
+    return 0;                   /* looked at without the lock: cheap */
   qcow2_mutex_lock (&map->loaded_lock);
   n = map->nloaded;
   memcpy (offsets, map->loaded, n * sizeof *offsets);
   map->nloaded = 0;
-  map->loaded_hint = 0;
   qcow2_mutex_unlock (&map->loaded_lock);
   return n;
 }

@@ -55,15 +55,12 @@ guest_offset_of (struct qcow2_image *img, uint64_t table, uint64_t index)
   return UINT64_MAX;
 }
 
-/* Remember host cluster CLUSTER, mapped by entry INDEX of the table at
- * TABLE.  Kept sorted by cluster; once the list is full the rest are not
- * remembered (the check is a best effort, qemu-img check the full one).
+/* Where CLUSTER is, or would go, in the sorted list of uncounted
+ * clusters: the first index whose cluster is not below it.
  */
-static int
-remember (struct qcow2_image *img, uint64_t cluster, uint64_t table,
-          uint64_t index)
+static size_t
+position (const struct qcow2_allocator *a, uint64_t cluster)
 {
-  struct qcow2_allocator *a = img->alloc;
   size_t lo = 0, hi = a->nuncounted;
 
   while (lo < hi) {
@@ -74,6 +71,20 @@ remember (struct qcow2_image *img, uint64_t cluster, uint64_t table,
     else
       hi = mid;
   }
+  return lo;
+}
+
+/* Remember host cluster CLUSTER, mapped by entry INDEX of the table at
+ * TABLE.  Kept sorted by cluster; once the list is full the rest are not
+ * remembered (the check is a best effort, qemu-img check the full one).
+ */
+static int
+remember (struct qcow2_image *img, uint64_t cluster, uint64_t table,
+          uint64_t index)
+{
+  struct qcow2_allocator *a = img->alloc;
+  size_t lo = position (a, cluster);
+
   if (lo < a->nuncounted && a->uncounted[lo].cluster == cluster)
     return 0;
   if (a->nuncounted == QCOW2_UNCOUNTED_MAX)
@@ -200,29 +211,20 @@ qcow2_uncounted_refuse (struct qcow2_image *img, struct qcow2_io *io,
                         uint64_t cluster)
 {
   const struct qcow2_allocator *a = img->alloc;
-  size_t lo = 0, hi = a->nuncounted;
+  size_t i = position (a, cluster);
+  const struct uncounted *u;
+  char at_guest[64] = " a guest cluster";
 
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    const struct uncounted *u = &a->uncounted[mid];
-
-    if (u->cluster < cluster)
-      lo = mid + 1;
-    else if (u->cluster > cluster)
-      hi = mid;
-    else {
-      char at_guest[64] = " a guest cluster";
-
-      if (u->guest != UINT64_MAX)
-        snprintf (at_guest, sizeof at_guest, " guest offset 0x%" PRIx64,
-                  u->guest);
-      return qcow2_mark_corrupt (img, io, "Preventing invalid allocation "
-                                 "of host cluster 0x%" PRIx64 ": its "
-                                 "refcount is 0 but the L2 table at host "
-                                 "offset 0x%" PRIx64 " maps%s to it",
-                                 cluster << img->header.cluster_bits,
-                                 u->table, at_guest);
-    }
-  }
-  return 0;
+  if (i == a->nuncounted || a->uncounted[i].cluster != cluster)
+    return 0;
+  u = &a->uncounted[i];
+  if (u->guest != UINT64_MAX)
+    snprintf (at_guest, sizeof at_guest, " guest offset 0x%" PRIx64,
+              u->guest);
+  return qcow2_mark_corrupt (img, io, "Preventing invalid allocation of "
+                             "host cluster 0x%" PRIx64 ": its refcount is 0 "
+                             "but the L2 table at host offset 0x%" PRIx64
+                             " maps%s to it",
+                             cluster << img->header.cluster_bits, u->table,
+                             at_guest);
 }
