@@ -22,7 +22,9 @@
  * - nothing is written before the first change, which clears the
  *   autoclear bits and flushes before it writes anything else;
  * - qcow2-create writes and flushes the tables before the header, and
- *   flushes the header before it returns.
+ *   flushes the header before it returns;
+ * - a host cluster released while a read that looked it up is in flight
+ *   is not reused until that read is done.
  */
 #include <config.h>
 
@@ -33,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "qcow2.h"
@@ -978,6 +981,129 @@ test_reclaim_compressed (void)
   free (model);
 }
 
+/* ------------------------------------------------------- grace period */
+
+/* A reader held inside its pread of a data cluster (the lookup done, the
+ * bytes not yet copied) while another thread zeroes that cluster and
+ * then writes into a full file, which reuses the released host clusters.
+ * The release must wait for the reader (base/inflight.h): the reader
+ * gets the data it looked up, never what the reuse wrote there.  The
+ * hook lets the reader go when the writer is done or after HOLD_SECONDS,
+ * whichever comes first: with the grace period kept the writer waits for
+ * the reader, so the reader always goes on by the timeout.
+ */
+#define HOLD_SECONDS 2
+
+struct held_reader {
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+  bool armed, holding, writer_done;
+  uint64_t C;
+  struct session *s;
+  uint8_t *got;
+};
+
+static void
+hold_reader (struct mem_io *m, uint64_t offset, size_t count, void *arg)
+{
+  struct held_reader *h = arg;
+  struct timespec until;
+
+  (void) m;
+  (void) offset;
+  pthread_mutex_lock (&h->lock);
+  if (h->armed && count == h->C) {
+    h->armed = false;
+    h->holding = true;
+    pthread_cond_broadcast (&h->changed);
+    clock_gettime (CLOCK_REALTIME, &until);
+    until.tv_sec += HOLD_SECONDS;
+    while (!h->writer_done &&
+           pthread_cond_timedwait (&h->changed, &h->lock, &until) == 0)
+      ;
+  }
+  pthread_mutex_unlock (&h->lock);
+}
+
+static void *
+held_reader_thread (void *arg)
+{
+  struct held_reader *h = arg;
+
+  CHECK_EQ (do_read (h->s, h->got, h->C, 5 * h->C), 0);
+  return NULL;
+}
+
+static void
+test_grace_period (void)
+{
+  const uint64_t C = 4096;
+  /* The header, table, block, L1 table, one L2 table and 40 clusters. */
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, MiB, 45 * C, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t *model = xcalloc (1, MiB), *before = xmalloc (C);
+  struct held_reader h = { .C = C };
+  struct session s;
+  pthread_t reader;
+
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_RECORD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (model);
+    free (before);
+    return;
+  }
+  fill_pattern (model, 40 * C, 11);
+  memcpy (before, model + 5 * C, C);
+  CHECK_EQ (do_write (&s, model, 40 * C, 0, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+
+  pthread_mutex_init (&h.lock, NULL);
+  pthread_cond_init (&h.changed, NULL);
+  h.s = &s;
+  h.got = xmalloc (C);
+  h.armed = true;
+  s.mio.pread_hook = hold_reader;
+  s.mio.pread_hook_arg = &h;
+  CHECK_EQ (pthread_create (&reader, NULL, held_reader_thread, &h), 0);
+  pthread_mutex_lock (&h.lock);
+  while (!h.holding)
+    pthread_cond_wait (&h.changed, &h.lock);
+  pthread_mutex_unlock (&h.lock);
+
+  /* Guest clusters 0-9 released, 40-49 written: the file is full, so
+   * they take the released host clusters, guest cluster 5's among them.
+   */
+  CHECK_EQ (do_zero (&s, 10 * C, 0, false, false), 0);
+  memset (model, 0, 10 * C);
+  fill_pattern (model + 40 * C, 10 * C, 12);
+  CHECK_EQ (do_write (&s, model + 40 * C, 10 * C, 40 * C, false), 0);
+  pthread_mutex_lock (&h.lock);
+  h.writer_done = true;
+  pthread_cond_broadcast (&h.changed);
+  pthread_mutex_unlock (&h.lock);
+  pthread_join (reader, NULL);
+  s.mio.pread_hook = NULL;
+
+  if (memcmp (h.got, before, C) != 0) {
+    CHECK (!"the held reader got the bytes of a reused host cluster");
+    fprintf (stderr, "  grace period: a read that looked up guest cluster 5 "
+             "before it was zeroed got other data: its host cluster was "
+             "reused while the read was in flight\n");
+  }
+  CHECK (matches_model (&s, model, 0, MiB, "after the reuse"));
+  CHECK_EQ (do_flush (&s), 0);
+  check_file (s.mio.data, s.mio.size, true, "after the reuse");
+  session_close (&s);
+  pthread_cond_destroy (&h.changed);
+  pthread_mutex_destroy (&h.lock);
+  free (h.got);
+  free (model);
+  free (before);
+}
+
 /* ---------------------------------------------------- the first change */
 
 /* The writes the storage saw, all flushes aside. */
@@ -1161,5 +1287,6 @@ main (void)
   test_first_change ();
   test_reclaim_plain ();
   test_reclaim_compressed ();
+  test_grace_period ();
   return unit_finish ();
 }

@@ -57,6 +57,8 @@ mem_pread (void *opaque, void *buf, size_t count, uint64_t offset)
     return -EIO;
   if (m->fail_errno && touches (offset, count, m->fail_from, m->fail_to))
     return -m->fail_errno;
+  if (m->pread_hook)
+    m->pread_hook (m, offset, count, m->pread_hook_arg);
   /* Under the lock: the engine may read bytes another thread is writing
    * (a read racing a write of the same cluster), which a file does
    * without harm but a memcpy does not.

@@ -69,6 +69,14 @@ struct mem_io {
   /* A discard fails with this, if set (-EOPNOTSUPP: cannot discard). */
   int discard_errno;
 
+  /* Called at the start of every pread, from the reading thread, before
+   * the bytes are copied: a test holds a reader there to let another
+   * thread change the storage under it.
+   */
+  void (*pread_hook) (struct mem_io *m, uint64_t offset, size_t count,
+                      void *arg);
+  void *pread_hook_arg;
+
   /* What the engine did. */
   atomic_ulong preads, pwrites, flushes, discards;
   atomic_ulong discarded_bytes;
