@@ -4,16 +4,22 @@
 #
 #     bash tests/mutation-check.sh [BREAK...]
 #
-# Not part of make check: run it by hand (it takes a while: every break
-# rebuilds the tree and runs its tests; about 12 minutes for all of them
-# on 2 cores).  It copies the source tree (the files git knows, with
-# their uncommitted changes) to a scratch directory, builds it once,
-# runs every test named below on the unbroken tree (the baseline: none
-# may fail), then applies each break in turn, rebuilds, runs the tests
-# that claim to cover it and restores the file.  It prints a table:
-# break, where it was applied, the tests that failed.  A break no test
-# catches, or that cannot be applied any more (the function it names is
-# gone or no longer has the line it changes), makes the exit status 1.
+# CI runs it (.ci/run); by hand it takes a while: every break rebuilds
+# the tree and runs its tests.  It copies the source tree (the files git
+# knows, with their uncommitted changes) to a scratch directory, builds
+# it once, runs every test named below on the unbroken tree (the
+# baseline: none may fail), then applies each break in turn, rebuilds,
+# runs the tests that claim to cover it and restores the file.  It
+# prints a table: break, the tests that failed of those run, how long
+# they took, where the break was applied.  A break no test catches, or
+# that cannot be applied any more (the function it names is gone or no
+# longer has the line it changes), makes the exit status 1.
+#
+# A test is named as a make check target would be (test-backing, or
+# test-engine-write for a unit test), or as TEST:GLOB to run only the
+# parts of the test whose section name matches GLOB (QCOW2ZSTD_SECTIONS,
+# tests/functions.sh): a break is then caught by the part written for it,
+# without the rest of a long test.
 #
 # Breaks find their target by the name of the function, wherever it is
 # defined under common/, nbdkit-glue/, filters/ or plugins/ (so they
@@ -25,6 +31,10 @@
 #
 # Environment: MUTATION_DIR (scratch directory, default a new one under
 # $TMPDIR; kept with KEEP=1), MUTATION_JOBS (make -j, default 2).
+# MUTATION_BUILD=DIR (CI): no copy; DIR is a configured build of this
+# very tree, which must have no uncommitted change under the folders the
+# breaks patch: the breaks are applied to it in place, and every file is
+# restored as git has it, at the end of each break and on any exit.
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -59,27 +69,51 @@ plaintext-encrypted | qcow2_sectors_encrypt | any    | start:return 0;          
 encrypted-sector-race | qcow2_change_range | any    | replace:^\s*\.claim_in_place = qcow2_image_encrypted:    .claim_in_place = false, | test-engine-luks
 overlap-unchecked   | qcow2_regions_overlap | any   | start:return QCOW2_REGION_NONE;               | test-overlap test-fuzz-corpus
 corrupt-data-trusted | check_data          | any    | start:return COMMIT_STEP_NEXT;                       | test-overlap
+lock-released-at-close | registry_release  | any    | start:locks_release_all ();                   | test-locking:overlap-*
+lock-released-when-idle | registry_release | any    | before-last:^\s*img->state = CLOSING;:locks_release_all (); | test-locking:between-*
+lock-not-taken      | lock_or_report       | any    | start:return 1;                               | test-locking:overlap-* test-locking:between-*
+stale-cluster-cache | qcow2_apply_frees    | any    | replace:^\s*qcow2_cache_drop \(img->cluster_cache, p->cache_key\);:      (void) 0; | test-discard:reuse-cache-*
+backing-read-unclamped | inside            | any    | start:return len;                             | test-backing:odd-backing-*
+zeroes-first-cluster | qcow2_change_range  | any    | replace:^\s*all_zero \(buf \+:          all_zero (buf, len); | test-discard:detect-zeroes-multi test-engine-writeback
+zeroes-misaligned   | qcow2_change_range   | any    | replace:^\s*all_zero \(buf \+:          all_zero (buf + (i << bits) + part_off, len); | test-discard:detect-zeroes-multi test-engine-writeback
+create-order        | qcow2_create         | any    | replace:^  r = io->flush \(io->opaque\);:  r = 0; | test-engine-writeback test-power-loss:*-create
+create-header-unflushed | qcow2_create     | any    | replace:^    r = io->flush \(io->opaque\);:    r = 0; | test-engine-writeback test-power-loss:*-create
+claims-not-checked  | commit_run           | any    | replace:^\s*if \(qcow2_inflight_claimed \(&img->inflight, commit->first,:  if (0 && qcow2_inflight_claimed (&img->inflight, commit->first, | test-engine-writeback test-concurrent-writes
+grace-skipped       | qcow2_inflight_wait  | any    | start:return;                                 | test-engine-writeback
+reads-unregistered  | read_range           | any    | replace:^\s*if \(!registered\) \{:    if (0) { | test-engine-writeback
 EOF
 )
 
 scratch=${MUTATION_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/qcow2zstd-mutation.XXXXXX")}
-tree=$scratch/tree
-build=$tree/_b
 log=$scratch/log
 mkdir -p "$scratch" "$log"
-[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$scratch"' EXIT
-
-echo "mutation check: scratch copy in $tree"
-rm -rf "$tree"
-mkdir -p "$tree"
-(cd "$src" && git ls-files -z --cached --others --exclude-standard |
-    tar --null -T - -cf -) | tar -xf - -C "$tree"
-(cd "$tree" && autoreconf -fi) > "$log/autoreconf" 2>&1 || { cat "$log/autoreconf"; exit 1; }
-mkdir -p "$build"
-(cd "$build" && ../configure CC=gcc) > "$log/configure" 2>&1 || { tail -n 30 "$log/configure"; exit 1; }
-make -C "$build" -j"$jobs" > "$log/build" 2>&1 || { tail -n 30 "$log/build"; exit 1; }
-make -C "$build" -j"$jobs" check TESTS= > "$log/build-checks" 2>&1 ||
-    { tail -n 30 "$log/build-checks"; exit 1; }
+patched_dirs=(common nbdkit-glue filters plugins)
+if [ -n "${MUTATION_BUILD:-}" ]; then
+    tree=$src
+    build=$(cd "$MUTATION_BUILD" && pwd)
+    [ -f "$build/Makefile" ] || { echo "MUTATION_BUILD=$build: not a configured build"; exit 1; }
+    if ! git -C "$tree" diff --quiet HEAD -- "${patched_dirs[@]}"; then
+        echo "MUTATION_BUILD: $tree has uncommitted changes under ${patched_dirs[*]}: they would be lost"
+        exit 1
+    fi
+    echo "mutation check: breaks applied in place to $tree, built in $build"
+    # Whatever happens, the sources are left as git has them.
+    trap 'git -C "$tree" checkout -q HEAD -- "${patched_dirs[@]}"; [ "${KEEP:-0}" = 1 ] || rm -rf "$scratch"' EXIT
+    make -C "$build" -j"$jobs" > "$log/build" 2>&1 || { tail -n 30 "$log/build"; exit 1; }
+else
+    tree=$scratch/tree
+    build=$tree/_b
+    [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$scratch"' EXIT
+    echo "mutation check: scratch copy in $tree"
+    rm -rf "$tree"
+    mkdir -p "$tree"
+    (cd "$src" && git ls-files -z --cached --others --exclude-standard |
+        tar --null -T - -cf -) | tar -xf - -C "$tree"
+    (cd "$tree" && autoreconf -fi) > "$log/autoreconf" 2>&1 || { cat "$log/autoreconf"; exit 1; }
+    mkdir -p "$build"
+    (cd "$build" && ../configure CC=gcc) > "$log/configure" 2>&1 || { tail -n 30 "$log/configure"; exit 1; }
+    make -C "$build" -j"$jobs" > "$log/build" 2>&1 || { tail -n 30 "$log/build"; exit 1; }
+fi
 
 # patch NAME: apply every row of break NAME to the tree; prints
 # "FILE:LINE" of each change, or a line starting "NOT APPLIED".  Saves
@@ -193,21 +227,57 @@ restore ()
     rm -rf "$scratch/orig"
 }
 
-# run_tests NAME TESTS...: make check of those tests; prints the failed.
+# plan_tests TESTS...: what make check needs to run TESTS (TEST or
+# TEST:GLOB, see the top), in TARGETS, SECTIONS (QCOW2ZSTD_SECTIONS) and
+# PROGRAMS (make arguments: only the unit tests named are built, all of
+# them and the fuzzers when test-fuzz-corpus runs).
+plan_tests ()
+{
+    local t test glob programs=()
+    local -A whole=() globs=()
+    TARGETS=() SECTIONS=() PROGRAMS=()
+    for t in "$@"; do
+        test=${t%%:*}
+        if [[ $t == *:* ]]; then
+            glob=${t#*:}
+            globs[$test]+=" $test:$glob"
+        else
+            whole[$test]=1
+        fi
+        test=${test%.sh}
+        if [ -f "$tree/tests/$test.sh" ]; then
+            t=tests/$test.sh
+        else
+            t=tests/$test
+            programs+=("$t")
+        fi
+        [[ " ${TARGETS[*]} " == *" $t "* ]] || TARGETS+=("$t")
+    done
+    # A test named whole anywhere runs whole.
+    for test in "${!globs[@]}"; do
+        # shellcheck disable=SC2206
+        [ -n "${whole[$test]:-}" ] || SECTIONS+=(${globs[$test]})
+    done
+    [[ " ${TARGETS[*]} " == *" tests/test-fuzz-corpus.sh "* ]] ||
+        PROGRAMS=("check_PROGRAMS=${programs[*]}")
+}
+
+# build NAME: build the tree and what the planned tests need.
+build ()
+{
+    make -C "$build" -j"$jobs" > "$log/$1.build" 2>&1 &&
+        make -C "$build" -j"$jobs" check TESTS= "${PROGRAMS[@]}" >> "$log/$1.build" 2>&1
+}
+
+# run_tests NAME: make check of the planned tests; prints the failed.
 run_tests ()
 {
-    local name=$1 t targets=() fails=()
-    shift
-    for t in "$@"; do
-        case $t in
-            *.sh) targets+=("tests/$t") ;;
-            test-*.c) targets+=("tests/${t%.c}") ;;
-            *) if [ -f "$tree/tests/$t.sh" ]; then targets+=("tests/$t.sh"); else targets+=("tests/$t"); fi ;;
-        esac
-    done
+    local name=$1 t fails=()
     QCOW2ZSTD_CALL_TIMEOUT=${QCOW2ZSTD_CALL_TIMEOUT:-120} \
-        make -C "$build" -j"$jobs" check TESTS="${targets[*]}" > "$log/$name.check" 2>&1 || true
-    for t in "${targets[@]}"; do
+    QCOW2ZSTD_SECTIONS="${SECTIONS[*]}" \
+        make -C "$build" -j"$jobs" check TESTS="${TARGETS[*]}" \
+            "${PROGRAMS[@]}" > "$log/$name.check" 2>&1 || true
+    for t in "${TARGETS[@]}"; do
         local base=$build/${t%.sh}
         if grep -q '^:test-result: \(FAIL\|ERROR\)' "$base.trs" 2>/dev/null ||
            [ ! -f "$base.trs" ]; then
@@ -219,6 +289,8 @@ run_tests ()
 }
 
 export BREAKS
+# Test names hold globs: no pathname expansion from here on.
+set -f
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
     mapfile -t names < <(awk -F'|' 'NF == 5 { gsub(/ /, "", $1); if (!seen[$1]++) print $1 }' <<<"$BREAKS")
@@ -232,14 +304,19 @@ tests_of ()
 # The baseline: every test named, on the unbroken tree.
 all_tests=$(for n in "${names[@]}"; do tests_of "$n"; done | tr ' ' '\n' | sort -u | xargs)
 echo "baseline: $all_tests"
-baseline=$(run_tests baseline $all_tests)
+start=$SECONDS
+# shellcheck disable=SC2086
+plan_tests $all_tests
+build baseline || { tail -n 30 "$log/baseline.build"; exit 1; }
+baseline=$(run_tests baseline)
 if [ -n "$baseline" ]; then
     echo "baseline: these tests fail without any break: $baseline (logs in $log)"
-    KEEP=1
-    trap - EXIT
+    for t in $baseline; do
+        echo "===== $t"; tail -n 40 "$log/baseline.$t.log" 2>/dev/null || true
+    done
     exit 1
 fi
-echo "baseline: every test passes"
+echo "baseline: every test passes ($(( SECONDS - start )) s)"
 
 status=0
 rows=()
@@ -248,49 +325,53 @@ for n in "${names[@]}"; do
     where=$(patch_break "$n" 2>&1) || true
     if [[ $where == NOT\ APPLIED* ]] || [ -z "$where" ]; then
         echo "!!! $n: $where"
-        rows+=("$n|${where:-NOT APPLIED}|$tests|-|DOES NOT APPLY")
+        rows+=("$n|${where:-NOT APPLIED}|$tests|-|DOES NOT APPLY|-")
         status=1
         restore
         continue
     fi
     echo "--- $n: $where; building"
-    if ! make -C "$build" -j"$jobs" > "$log/$n.build" 2>&1 ||
-       ! make -C "$build" -j"$jobs" check TESTS= > "$log/$n.build-checks" 2>&1; then
+    # shellcheck disable=SC2086
+    plan_tests $tests
+    if ! build "$n"; then
         echo "!!! $n: the broken tree does not build (see $log/$n.build)"
-        rows+=("$n|$where|$tests|-|BUILD FAILED")
+        tail -n 20 "$log/$n.build"
+        rows+=("$n|$where|$tests|-|BUILD FAILED|-")
         status=1
         restore
         continue
     fi
     start=$SECONDS
-    # shellcheck disable=SC2086
-    failed=$(run_tests "$n" $tests)
+    failed=$(run_tests "$n")
+    took=$(( SECONDS - start ))
     restore
     if [ -n "$failed" ]; then
-        verdict="caught ($(( SECONDS - start )) s)"
+        verdict=caught
     else
         verdict="NOT CAUGHT"
         status=1
     fi
-    echo "--- $n: failed: ${failed:-none}"
-    rows+=("$n|$where|$tests|${failed:-none}|$verdict")
+    echo "--- $n: failed: ${failed:-none} (${took} s)"
+    rows+=("$n|$where|$tests|${failed:-none}|$verdict|$took")
 done
 # The restored tree builds again (and the last break's files are back).
 make -C "$build" -j"$jobs" > "$log/final.build" 2>&1 || true
 
 echo
-printf '%-23s %-8s %-s\n' "break" "caught" "tests that failed, of those run (where the break was applied)"
+echo "mutation table: every break, the tests that caught it of those that claim it, their time"
+printf '%-24s %-8s %6s  %-s\n' "break" "caught" "time" "tests that failed (where the break was applied)"
 for r in "${rows[@]}"; do
-    IFS='|' read -r n where tests failed verdict <<<"$r"
+    IFS='|' read -r n where tests failed verdict took <<<"$r"
     nrun=$(wc -w <<<"$tests")
     nfailed=0
     [ "$failed" = none ] || [ "$failed" = - ] || nfailed=$(wc -w <<<"$failed")
     case $verdict in
-        caught*) mark="$nfailed/$nrun" ;;
+        caught) mark="$nfailed/$nrun" ;;
         *) mark=$verdict ;;
     esac
-    printf '%-23s %-8s %s\n' "$n" "$mark" "${failed//.sh/}"
-    printf '%-23s %-8s   (%s)\n' "" "" "$where"
+    [ "$took" = - ] || took="$took s"
+    printf '%-24s %-8s %6s  %s\n' "$n" "$mark" "$took" "${failed//.sh/}"
+    printf '%-24s %-8s %6s    (%s)\n' "" "" "" "$where"
 done
 [ "${KEEP:-0}" = 1 ] && echo "logs: $log"
 exit $status

@@ -382,6 +382,7 @@ done
 # clients of one export, qemu and a second writer of ours are refused
 # as while a client is connected, and the next client finds its data.
 for form in filter plugin; do
+    section between-$form || continue
     echo "$form, between two clients of one export:"
     new_image
     serve a $form img.qcow2
