@@ -880,6 +880,14 @@ flushes_between (const struct mem_io *m, size_t start, size_t end)
   return n;
 }
 
+/* A file with room for the header, table, block, L1 table, one L2 table
+ * and 40 data clusters of 4 KiB, and no more.
+ */
+#define FULL_FILE_CLUSTER 4096
+static const struct new_image full_file = {
+  3, 12, 4, QCOW2_COMPRESSION_ZLIB, MiB, 45 * FULL_FILE_CLUSTER, 0,
+};
+
 /* A full file whose zeroed clusters wait for a writeback: a write that
  * needs room writes the metadata back to reuse them, goes on from the
  * cluster where it stopped (the range begins with clusters written in
@@ -888,11 +896,8 @@ flushes_between (const struct mem_io *m, size_t start, size_t end)
 static void
 test_reclaim_plain (void)
 {
-  const uint64_t C = 4096;
-  /* The header, table, block, L1 table, one L2 table and 40 clusters. */
-  const struct new_image spec = {
-    3, 12, 4, QCOW2_COMPRESSION_ZLIB, MiB, 45 * C, 0,
-  };
+  const uint64_t C = FULL_FILE_CLUSTER;
+  const struct new_image spec = full_file;
   struct qcow2_options opts = default_options;
   uint8_t *model = xcalloc (1, MiB);
   struct session s;
@@ -1037,11 +1042,8 @@ held_reader_thread (void *arg)
 static void
 test_grace_period (void)
 {
-  const uint64_t C = 4096;
-  /* The header, table, block, L1 table, one L2 table and 40 clusters. */
-  const struct new_image spec = {
-    3, 12, 4, QCOW2_COMPRESSION_ZLIB, MiB, 45 * C, 0,
-  };
+  const uint64_t C = FULL_FILE_CLUSTER;
+  const struct new_image spec = full_file;
   struct qcow2_options opts = default_options;
   uint8_t *model = xcalloc (1, MiB), *before = xmalloc (C);
   struct held_reader h = { .C = C };
