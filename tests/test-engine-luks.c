@@ -11,6 +11,9 @@
  * - none of the model's data appears in the clear in the storage;
  * - two threads writing and reading halves of the disk through one
  *   connection at once, each half as its thread wrote it;
+ * - two threads writing the halves of one sector: each half as its
+ *   thread last wrote it, also with the first held between its read and
+ *   its write of the sector;
  * - a wrong passphrase and none at all: -EPERM, a message that says so,
  *   and the storage not changed by the open.
  */
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "qcow2.h"
 #include "session.h"
@@ -288,6 +292,110 @@ test_one_sector (struct qcow2_key_cache *cache)
   free (cluster);
 }
 
+/* The same race made certain: the first writer is held in the storage
+ * write of its merged sector, after it read the sector, until the second
+ * writer's write of the other half is done or HOLD_SECONDS pass.  With
+ * the cluster claimed (paths/commit.h) the second waits for the first,
+ * which goes on by the timeout; without, the first puts back the second
+ * half as it read it.
+ */
+#define HOLD_SECONDS 2
+
+struct held_writer {
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+  bool armed, holding, other_done;
+  struct session *s;
+  uint64_t offset;
+};
+
+static void
+hold_writer (struct mem_io *m, uint64_t offset, size_t count, void *arg)
+{
+  struct held_writer *h = arg;
+  struct timespec until;
+
+  (void) m;
+  (void) offset;
+  pthread_mutex_lock (&h->lock);
+  if (h->armed && count == 512) {
+    h->armed = false;
+    h->holding = true;
+    pthread_cond_broadcast (&h->changed);
+    clock_gettime (CLOCK_REALTIME, &until);
+    until.tv_sec += HOLD_SECONDS;
+    while (!h->other_done &&
+           pthread_cond_timedwait (&h->changed, &h->lock, &until) == 0)
+      ;
+  }
+  pthread_mutex_unlock (&h->lock);
+}
+
+static void *
+held_writer_main (void *arg)
+{
+  struct held_writer *h = arg;
+  uint8_t buf[256];
+
+  memset (buf, 0x11, sizeof buf);
+  CHECK_EQ (do_write (h->s, buf, sizeof buf, h->offset, false), 0);
+  return NULL;
+}
+
+static void
+test_held_sector (struct qcow2_key_cache *cache)
+{
+  const struct config cfg = { "held sector", 16, 4 * MiB, 2, 0 };
+  struct qcow2_options opts = options (2, cache, PASS);
+  struct held_writer h = {
+    .lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER,
+    .offset = MiB + 5 * 512,
+  };
+  uint8_t *cluster = xcalloc (1, 65536), got[512], half[256];
+  struct session s;
+  pthread_t first;
+
+  CHECK_EQ (create (&s, &cfg, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (cluster);
+    return;
+  }
+  memset (cluster, 0x5a, 65536);
+  CHECK_EQ (do_write (&s, cluster, 65536, MiB, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+
+  h.s = &s;
+  h.armed = true;
+  s.mio.pwrite_hook = hold_writer;
+  s.mio.pwrite_hook_arg = &h;
+  CHECK_EQ (pthread_create (&first, NULL, held_writer_main, &h), 0);
+  pthread_mutex_lock (&h.lock);
+  while (!h.holding)
+    pthread_cond_wait (&h.changed, &h.lock);
+  pthread_mutex_unlock (&h.lock);
+  memset (half, 0x22, sizeof half);
+  CHECK_EQ (do_write (&s, half, sizeof half, h.offset + 256, false), 0);
+  pthread_mutex_lock (&h.lock);
+  h.other_done = true;
+  pthread_cond_broadcast (&h.changed);
+  pthread_mutex_unlock (&h.lock);
+  pthread_join (first, NULL);
+  s.mio.pwrite_hook = NULL;
+
+  CHECK_EQ (do_read (&s, got, sizeof got, h.offset), 0);
+  if (got[0] != 0x11 || got[256] != 0x22) {
+    CHECK (!"a write into one sector lost the other's half");
+    fprintf (stderr, "held sector: the halves hold 0x%02x and 0x%02x, not "
+             "0x11 and 0x22: the held writer wrote back the second half as "
+             "it read it\n", got[0], got[256]);
+  }
+  CHECK_EQ (do_flush (&s), 0);
+  check_file (s.mio.data, s.mio.size, true, "held sector");
+  session_close (&s);
+  free (cluster);
+}
+
 int
 main (void)
 {
@@ -298,6 +406,7 @@ main (void)
     test_config (&configs[i], cache);
   test_two_threads (cache);
   test_one_sector (cache);
+  test_held_sector (cache);
   qcow2_key_cache_free (cache);
   return unit_finish ();
 }

@@ -136,6 +136,8 @@ mem_pwrite (void *opaque, const void *buf, size_t count, uint64_t offset)
   if (m->write_fail_errno &&
       touches (offset, count, m->write_fail_from, m->write_fail_to))
     return -m->write_fail_errno;
+  if (m->pwrite_hook)
+    m->pwrite_hook (m, offset, count, m->pwrite_hook_arg);
   pthread_mutex_lock (&m->lock);
   memcpy (m->data + offset, buf, count);
   log_op (m, false, false, buf, count, offset);

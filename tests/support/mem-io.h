@@ -76,6 +76,12 @@ struct mem_io {
   void (*pread_hook) (struct mem_io *m, uint64_t offset, size_t count,
                       void *arg);
   void *pread_hook_arg;
+  /* The same at the start of every pwrite, before the bytes land: a
+   * writer held there has made its buffer from what it read earlier.
+   */
+  void (*pwrite_hook) (struct mem_io *m, uint64_t offset, size_t count,
+                       void *arg);
+  void *pwrite_hook_arg;
 
   /* What the engine did. */
   atomic_ulong preads, pwrites, flushes, discards;
