@@ -72,17 +72,18 @@ classify_log (const struct mem_io *m)
   size_t *flush_at;
   uint8_t **free_at;            /* per flush: a bit per cluster, refcount 0 */
   uint64_t clusters;
+  struct mem_replay replay;
 
   check_image (state, m->size, false, &final);
   free (state);
   clusters = final.host_clusters;
   flush_at = xmalloc ((m->nops + 1) * sizeof *flush_at);
   free_at = xmalloc ((m->nops + 1) * sizeof *free_at);
+  mem_replay_init (&replay, m);
   for (size_t i = 0; i < m->nops; ++i) {
     if (!m->ops[i].flush)
       continue;
-    state = mem_io_state_at (m, i);
-    check_image (state, m->size, false, &report);
+    check_image (mem_replay_to (&replay, i), m->size, false, &report);
     flush_at[nflush] = i;
     free_at[nflush] = xcalloc (1, (clusters + 7) / 8);
     for (uint64_t c = 0; c < clusters && c < report.host_clusters; ++c)
@@ -90,8 +91,8 @@ classify_log (const struct mem_io *m)
         free_at[nflush][c / 8] |= 1 << (c % 8);
     nflush++;
     image_report_free (&report);
-    free (state);
   }
+  mem_replay_free (&replay);
 
   for (size_t i = 0; i < m->nops; ++i) {
     uint64_t c = m->ops[i].offset / final.cluster_size;
@@ -171,16 +172,6 @@ check_dependencies (const struct mem_io *m, const int *kind, const char *ctx)
   CHECK_EQ (bad, 0);
 }
 
-static void
-apply_logged (uint8_t *state, const struct mem_op *op)
-{
-  if (op->discard)
-    for (size_t j = 0; j < op->len; ++j)
-      state[op->offset + j] = mem_io_garbage (op->offset + j);
-  else
-    memcpy (state + op->offset, op->data, op->len);
-}
-
 /* Per 512-byte sector of a state: 1 if a discard left it garbage and
  * nothing was written there since.
  */
@@ -237,7 +228,9 @@ check_crash_states (const struct mem_io *m, uint64_t seed, const char *ctx)
   uint8_t *discarded = xmalloc (sectors);
   unsigned failures = 0;
   size_t applied = 0;
+  struct mem_replay replay;
 
+  mem_replay_init (&replay, m);
   for (size_t f = 0; f <= m->nops && failures < 3; ++f) {
     size_t next = f;
     if (f > 0 && !m->ops[f - 1].flush)
@@ -247,7 +240,7 @@ check_crash_states (const struct mem_io *m, uint64_t seed, const char *ctx)
     for (; applied < f; ++applied)
       note_op (prefix_discarded, &m->ops[applied]);
     for (unsigned trial = 0; trial < 4 && failures < 3; ++trial) {
-      uint8_t *state = mem_io_state_at (m, f);
+      const uint8_t *state = mem_replay_to (&replay, f);
       char what[300];
 
       memcpy (discarded, prefix_discarded, sectors);
@@ -256,7 +249,7 @@ check_crash_states (const struct mem_io *m, uint64_t seed, const char *ctx)
        */
       for (size_t i = f; i < next && trial > 0; ++i)
         if (trial == 1 || rng (&seed) % 2) {
-          apply_logged (state, &m->ops[i]);
+          mem_replay_apply (&replay, &m->ops[i]);
           note_op (discarded, &m->ops[i]);
         }
       snprintf (what, sizeof what, "%s: crash after op %zu (trial %u)",
@@ -267,9 +260,9 @@ check_crash_states (const struct mem_io *m, uint64_t seed, const char *ctx)
         CHECK (!"a crash state refers to a discarded cluster");
         failures++;
       }
-      free (state);
     }
   }
+  mem_replay_free (&replay);
   free (discarded);
   free (prefix_discarded);
 }
@@ -285,11 +278,12 @@ check_discards (const struct mem_io *m, const char *ctx)
 {
   uint64_t bytes = 0;
   unsigned bad = 0;
+  struct mem_replay replay;
 
+  mem_replay_init (&replay, m);
   for (size_t i = 0; i < m->nops; ++i) {
     const struct mem_op *op = &m->ops[i];
     struct image_report report;
-    uint8_t *state;
     size_t j = i;
 
     if (!op->discard)
@@ -303,8 +297,8 @@ check_discards (const struct mem_io *m, const char *ctx)
                  ctx, i);
       continue;
     }
-    state = mem_io_state_at (m, j);
-    check_image (state, m->size, false, &report);
+    /* J, where this run of discards begins, never goes back. */
+    check_image (mem_replay_to (&replay, j), m->size, false, &report);
     for (uint64_t c = op->offset / report.cluster_size;
          c < (op->offset + op->len) / report.cluster_size &&
            c < report.host_clusters; ++c)
@@ -317,8 +311,8 @@ check_discards (const struct mem_io *m, const char *ctx)
         fprintf (stderr, "  %s: discard (op %zu) not of whole clusters\n",
                  ctx, i);
     image_report_free (&report);
-    free (state);
   }
+  mem_replay_free (&replay);
   CHECK_EQ (bad, 0);
   return bytes;
 }

@@ -193,9 +193,20 @@ mem_io_init (struct mem_io *m, const uint8_t *data, size_t len,
   memset (m, 0, sizeof *m);
   m->flags = flags;
   m->size = size;
-  m->data = xcalloc (1, size);
-  if (data)
-    memcpy (m->data, data, len);
+  if (flags & MEM_IO_BORROW) {
+    if (data == NULL || len < size ||
+        (flags & (MEM_IO_WRITABLE | MEM_IO_RECORD))) {
+      fprintf (stderr, "mem_io_init: only all of a read-only storage's "
+               "bytes can be borrowed\n");
+      abort ();
+    }
+    m->data = (uint8_t *) data;
+  }
+  else {
+    m->data = xcalloc (1, size);
+    if (data)
+      memcpy (m->data, data, len);
+  }
   m->io.opaque = m;
   m->io.pread = mem_pread;
   m->io.size = mem_size;
@@ -228,7 +239,8 @@ void
 mem_io_free (struct mem_io *m)
 {
   free_ops (m);
-  free (m->data);
+  if (!(m->flags & MEM_IO_BORROW))
+    free (m->data);
   free (m->initial);
   free (m->durable);
   pthread_mutex_destroy (&m->lock);
@@ -256,6 +268,71 @@ mem_io_state_at (const struct mem_io *m, size_t nops)
   for (size_t i = 0; i < nops && i < m->nops; ++i)
     apply_op (state, &m->ops[i]);
   return state;
+}
+
+void
+mem_replay_init (struct mem_replay *r, const struct mem_io *m)
+{
+  *r = (struct mem_replay) { .m = m, .state = xmalloc (m->size) };
+  memcpy (r->state, m->initial, m->size);
+}
+
+void
+mem_replay_apply (struct mem_replay *r, const struct mem_op *op)
+{
+  struct mem_undo *u;
+
+  if (op->flush)
+    return;
+  if (r->nundo == r->undo_cap) {
+    r->undo_cap = r->undo_cap ? 2 * r->undo_cap : 16;
+    r->undo = realloc (r->undo, r->undo_cap * sizeof *r->undo);
+    if (r->undo == NULL) {
+      perror ("realloc");
+      exit (1);
+    }
+  }
+  u = &r->undo[r->nundo++];
+  u->offset = op->offset;
+  u->len = op->len;
+  u->saved = xmalloc (op->len);
+  memcpy (u->saved, r->state + op->offset, op->len);
+  apply_op (r->state, op);
+}
+
+void
+mem_replay_undo (struct mem_replay *r)
+{
+  while (r->nundo > 0) {
+    struct mem_undo *u = &r->undo[--r->nundo];
+
+    memcpy (r->state + u->offset, u->saved, u->len);
+    free (u->saved);
+  }
+}
+
+const uint8_t *
+mem_replay_to (struct mem_replay *r, size_t nops)
+{
+  mem_replay_undo (r);
+  if (nops < r->at) {
+    fprintf (stderr, "mem_replay_to: op %zu is behind the replay (op %zu)\n",
+             nops, r->at);
+    abort ();
+  }
+  for (; r->at < nops && r->at < r->m->nops; ++r->at)
+    apply_op (r->state, &r->m->ops[r->at]);
+  return r->state;
+}
+
+void
+mem_replay_free (struct mem_replay *r)
+{
+  mem_replay_undo (r);
+  free (r->undo);
+  free (r->state);
+  r->state = NULL;
+  r->undo = NULL;
 }
 
 unsigned long

@@ -73,7 +73,7 @@ session_open (struct session *s, const uint8_t *file, uint64_t size,
               const struct qcow2_options *opts)
 {
   memset (s, 0, sizeof *s);
-  mem_io_init (&s->mio, file, size, size, 0);
+  mem_io_init (&s->mio, file, size, size, MEM_IO_BORROW);
   return session_open_io (s, opts);
 }
 

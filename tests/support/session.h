@@ -35,8 +35,9 @@ extern const struct qcow2_options default_options;
 /* The log of S, counting errors: to give to qcow2_image_open. */
 void session_log_init (struct session *s);
 
-/* Open the image in FILE (SIZE bytes, copied into read-only storage)
- * with OPTS and make a connection.  Returns the open's result.
+/* Open the image in FILE (SIZE bytes, read in place as read-only
+ * storage: FILE must stay as it is until session_close) with OPTS and
+ * make a connection.  Returns the open's result.
  */
 int session_open (struct session *s, const uint8_t *file, uint64_t size,
                   const struct qcow2_options *opts);
