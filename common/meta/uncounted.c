@@ -127,20 +127,20 @@ check_span (struct qcow2_image *img, struct qcow2_io *io, uint64_t first,
   int r;
 
   for (c = first; c <= last && c < a->host_clusters; ++c) {
-    /* Metadata is never handed out, and a cluster the engine released
-     * itself is held back until its release is durable.
-     */
-    if (qcow2_regions_kind (img, c) != QCOW2_REGION_NONE ||
-        qcow2_alloc_is_released (a, c))
-      continue;
     r = qcow2_refcount_get (img, io, c, &refcount);
     if (r < 0)
       return r;
-    if (refcount == 0) {
-      r = remember (img, c, table, index);
-      if (r < 0)
-        return r;
-    }
+    /* Metadata is never handed out, and a cluster the engine released
+     * itself is held back until its release is durable.  Asked only of
+     * the clusters counted 0: the list of regions takes a lock, and a
+     * table has thousands of entries that are counted.
+     */
+    if (refcount != 0 || qcow2_regions_kind (img, c) != QCOW2_REGION_NONE ||
+        qcow2_alloc_is_released (a, c))
+      continue;
+    r = remember (img, c, table, index);
+    if (r < 0)
+      return r;
   }
   return 0;
 }
