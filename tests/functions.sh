@@ -72,17 +72,19 @@ for _w in ${QCOW2ZSTD_SECTIONS:-}; do
 done
 section ()
 {
-    local glob
+    local glob hit=1
     [ ${#_section_globs[@]} -gt 0 ] || return 0
+    # Every glob that matches is marked, not only the first: two breaks'
+    # globs may name the same part (*-create and filter-create).
     for glob in "${_section_globs[@]}"; do
         # shellcheck disable=SC2053
         if [[ $1 == $glob ]]; then
             _section_hits[$glob]=1
-            echo "=== section $1 (QCOW2ZSTD_SECTIONS)"
-            return 0
+            hit=0
         fi
     done
-    return 1
+    [ $hit != 0 ] || echo "=== section $1 (QCOW2ZSTD_SECTIONS)"
+    return $hit
 }
 
 # Exit 77 (skip) with a reason unless every named command exists (as a
