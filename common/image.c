@@ -156,6 +156,14 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io,
                  "them read-only (nbdkit -r)");
     return -EROFS;
   }
+  if (img->opts.lazy_refcounts && h->version < 3) {
+    /* qemu refuses lazy_refcounts=on for such an image, in these words. */
+    qcow2_error (img, "qcow2-lazy-refcounts: Lazy refcounts require a qcow2 "
+                 "image with at least qemu 1.1 compatibility level (this "
+                 "image is version %u; qemu-img amend -o compat=1.1 "
+                 "upgrades it)", h->version);
+    return -EINVAL;
+  }
 
   /* An image left dirty (lazy refcounts) is repaired first, as qemu
    * repairs it when it opens it for writing.

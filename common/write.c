@@ -353,8 +353,12 @@ qcow2_finish (struct qcow2_image *img, struct qcow2_io *io)
   if (!img->opts.writable)
     return 0;
   r = qcow2_bitmaps_store (img, io, QCOW2_STORE_CLEAN, &cleared);
-  if (cleared) {
-    /* Consistent on disk again: a later write marks them in use first. */
+  if (r == 0 && img->opts.lazy_refcounts)
+    r = qcow2_writeback_clean (img, io);
+  if (cleared || img->opts.lazy_refcounts) {
+    /* Consistent on disk again: a later write marks the bitmaps in use
+     * and sets the dirty bit first.
+     */
     qcow2_rwlock_wrlock (&img->lock);
     qcow2_first_change_arm (img);
     qcow2_rwlock_unlock (&img->lock);

@@ -415,6 +415,15 @@ params_config (const char *key, const char *value)
     }
     return 0;
   }
+  if (strcmp (key, "qcow2-lazy-refcounts") == 0) {
+    int lazy = nbdkit_parse_bool (value);
+    if (lazy == -1) {
+      nbdkit_error ("%s: '%s' is not a boolean", key, value);
+      return -1;
+    }
+    engine_options.lazy_refcounts = lazy;
+    return 0;
+  }
   if (strcmp (key, "qcow2-force-share") == 0) {
     force_share_param = nbdkit_parse_bool (value);
     if (force_share_param == -1) {

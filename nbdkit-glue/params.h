@@ -75,6 +75,7 @@ int params_add_extent (void *extents, uint64_t offset, uint64_t length,
   "qcow2-compression-level=N      zlib 1-9 (default 5), zstd 1-22 (default 3).\n" \
   "qcow2-discard=unmap|ignore     Discard freed clusters below (default unmap).\n" \
   "qcow2-detect-zeroes=off|on|unmap  Zero clusters for zeros written (default off).\n" \
+  "qcow2-lazy-refcounts=BOOL      Refcounts written at close, dirty bit meanwhile.\n" \
   "qcow2-backing=PATH             The backing file (default: the image's own).\n" \
   "qcow2-backing-dir=DIR          Backing files may also be in DIR (repeatable).\n" \
   "qcow2-locking=on|auto|off      Lock the image as qemu does (default on).\n" \

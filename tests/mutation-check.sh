@@ -76,6 +76,9 @@ stale-cluster-cache | qcow2_apply_frees    | any    | replace:^\s*qcow2_cache_dr
 backing-read-unclamped | inside            | any    | start:return len;                             | test-backing:odd-backing-*
 zeroes-first-cluster | qcow2_change_range  | any    | replace:^\s*all_zero \(buf \+:          all_zero (buf, len); | test-discard:detect-zeroes-multi test-engine-writeback
 zeroes-misaligned   | qcow2_change_range   | any    | replace:^\s*all_zero \(buf \+:          all_zero (buf + (i << bits) + part_off, len); | test-discard:detect-zeroes-multi test-engine-writeback
+lazy-without-dirty-bit | dirty_bit_wanted  | any    | start:return false;                           | test-lazy-mode
+lazy-without-dirty-bit | refcounts_deferred | any   | start:return img->opts.lazy_refcounts;        |
+lazy-close-no-refcounts | qcow2_writeback_clean | any | replace:^\s*r = writeback_serialized \(img, io, true, true\);:    r = writeback_serialized (img, io, true, false); | test-lazy-mode
 create-order        | qcow2_create         | any    | replace:^  r = io->flush \(io->opaque\);:  r = 0; | test-engine-writeback test-power-loss:*-create
 create-header-unflushed | qcow2_create     | any    | replace:^    r = io->flush \(io->opaque\);:    r = 0; | test-engine-writeback test-power-loss:*-create
 claims-not-checked  | commit_run           | any    | replace:^\s*if \(qcow2_inflight_claimed \(&img->inflight, commit->first,:  if (0 && qcow2_inflight_claimed (&img->inflight, commit->first, | test-engine-writeback test-concurrent-writes

@@ -10,7 +10,8 @@
 # every write a flush covered.  The power-loss harness with the mode on:
 # every crash state is repaired by the filter's own open and then holds
 # what every returned flush made durable.  Without the mode nothing
-# changes (the bit is never set).
+# changes (the bit is never set).  A version 2 image, or a value that
+# is not a boolean, stops nbdkit at start-up with the reason.
 source "${top_srcdir:-.}/tests/functions.sh"
 source "$top_srcdir/tests/power-loss-functions.sh"
 requires qemu-img qemu-io nbdcopy
@@ -85,7 +86,7 @@ h.flush()
 h.pwrite(b"l" * 5000, 6 << 20)
 os.kill(int(sys.argv[2]), 9)' "$(nbd_uri "$PWD/sock")" "$SERVER_PID"
 server_killed
-dirty img.qcow2 || fail "after kill -9: the dirty bit is clear"
+image_dirty img.qcow2 || fail "after kill -9: the dirty bit is clear"
 serve filter img.qcow2
 nbdcopy "$(nbd_uri "$PWD/sock")" got.raw
 stop_server
@@ -109,6 +110,30 @@ sys.exit(open(sys.argv[2], "rb").read()[79] & 1)' "$(nbd_uri "$PWD/sock")" img.q
     fail "the dirty bit was set without qcow2-lazy-refcounts"
 stop_server
 echo "without the mode: the dirty bit never set"
+
+# Refused, with the reason and nothing written: a version 2 image (qemu
+# too refuses lazy refcounts there) and a value that is not a boolean.
+rm -f v2.qcow2
+qemu-img create -q -f qcow2 -o compat=0.10 v2.qcow2 8M
+truncate -s +8M v2.qcow2
+sum_before=$(md5sum < v2.qcow2)
+for form in filter plugin; do
+    if [ $form = filter ]; then
+        args=(--filter="$FILTER" file v2.qcow2)
+    else
+        args=("$PLUGIN" v2.qcow2)
+    fi
+    for bad in "qcow2-lazy-refcounts=on:Lazy refcounts require a qcow2 image with at least qemu 1.1 compatibility level (this image is version 2" \
+               "qcow2-lazy-refcounts=maybe:qcow2-lazy-refcounts: 'maybe' is not a boolean"; do
+        if "${NBDKIT_ENV[@]}" nbdkit -U - "${args[@]}" "${bad%%:*}" \
+               --run 'nbdinfo --size "$uri"' > refused.out 2>&1; then
+            cat refused.out; fail "$form, ${bad%%:*}: nbdkit served"
+        fi
+        grep -qF "${bad#*:}" refused.out || { cat refused.out; fail "$form, ${bad%%:*}: not the message"; }
+    done
+done
+[ "$(md5sum < v2.qcow2)" = "$sum_before" ] || fail "a refused start changed the image"
+echo "refused at start-up with the reason, the image unchanged: a version 2 image, a bad boolean"
 
 # The power-loss harness with the mode on, both forms.
 for form in filter plugin; do

@@ -58,6 +58,13 @@ struct qcow2_options {
   const char *room_file;
   enum qcow2_discard discard;
   enum qcow2_detect_zeroes detect_zeroes;
+  /* Lazy refcounts (qcow2-lazy-refcounts, qemu's lazy_refcounts): the
+   * image's dirty bit is set before the first change and the refcounts
+   * reach the disk only at a clean close (qcow2_finish), which clears it
+   * again; a crash meanwhile is repaired from the tables at the next
+   * open.  Version 3 images only.
+   */
+  bool lazy_refcounts;
   enum qcow2_lock_policy locking; /* for the backing files it opens */
   unsigned debug;                 /* QCOW2_DEBUG_* bits */
   /* The passphrase of a LUKS-encrypted image (NUL-terminated), or NULL. */

@@ -17,18 +17,27 @@ kept_autoclear (const struct qcow2_image *img)
   return img->header.autoclear_features & qcow2_bitmaps_autoclear (img);
 }
 
+/* In qcow2-lazy-refcounts mode, is the dirty bit still to be set? */
+static bool
+dirty_bit_wanted (const struct qcow2_image *img)
+{
+  return img->opts.lazy_refcounts &&
+    !(img->header.incompatible_features & QCOW2_INCOMPAT_DIRTY);
+}
+
 void
 qcow2_first_change_arm (struct qcow2_image *img)
 {
   img->first_change_pending =
     kept_autoclear (img) != img->header.autoclear_features ||
-    qcow2_bitmaps_tracking (img);
+    qcow2_bitmaps_tracking (img) || dirty_bit_wanted (img);
 }
 
 int
 qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
 {
   uint64_t keep = kept_autoclear (img);
+  bool set_dirty = dirty_bit_wanted (img);
   struct qcow2_header changed;
   struct qcow2_field_bytes field;
   int r = 0;
@@ -39,6 +48,17 @@ qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
   /* The flag goes first, so that the writes below are let through. */
   img->first_change_pending = false;
   r = qcow2_bitmaps_first_change (img, io);
+  if (r == 0 && set_dirty) {
+    /* From here on the refcounts on disk may lag behind the tables
+     * (meta/writeback.h): the next open must count them again.
+     */
+    qcow2_debug (img, "first change: the dirty bit set (lazy refcounts)");
+    changed = img->header;
+    changed.incompatible_features |= QCOW2_INCOMPAT_DIRTY;
+    qcow2_header_field (&changed, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
+    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
+                           field.len, field.offset);
+  }
   if (r == 0 && keep != img->header.autoclear_features) {
     qcow2_debug (img, "first change: autoclear_features 0x%" PRIx64
                  " becomes 0x%" PRIx64, img->header.autoclear_features, keep);
@@ -55,5 +75,7 @@ qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
     return r;
   }
   img->header.autoclear_features = keep;
+  if (set_dirty)
+    img->header.incompatible_features |= QCOW2_INCOMPAT_DIRTY;
   return 0;
 }

@@ -9,7 +9,10 @@
  * - the persistent bitmaps kept valid are marked in_use
  *   (qcow2_bitmaps_first_change);
  * - the header's autoclear bits are cleared but those of what this
- *   writer keeps valid (bit 0 for the bitmaps: qcow2_bitmaps_autoclear).
+ *   writer keeps valid (bit 0 for the bitmaps: qcow2_bitmaps_autoclear);
+ * - in qcow2-lazy-refcounts mode (opts.lazy_refcounts) the dirty bit is
+ *   set: the refcounts on disk may lag behind from then on, until a
+ *   clean close writes them and clears it (qcow2_writeback_clean).
  *
  * The contract, which every write path keeps:
  * - It runs, to completion, before the first write of anything to the
@@ -26,9 +29,9 @@
  * - qcow2_pwrite_logged refuses, as an internal error, a write while the
  *   flag is still set: a path that forgot fails loudly, having written
  *   nothing.
- * A clean close (qcow2_finish) clears the bitmaps' in_use again; it
- * arms the first change anew (qcow2_first_change_arm), so that a write
- * after it marks them in use first.
+ * A clean close (qcow2_finish) clears the bitmaps' in_use and the dirty
+ * bit again; it arms the first change anew (qcow2_first_change_arm), so
+ * that a write after it marks them in use and sets the bit first.
  *
  * Offers: qcow2_first_change_arm, qcow2_first_change.
  * Locks: qcow2_first_change with the image lock held exclusively;
@@ -42,7 +45,8 @@
 #include "meta/image.h"
 
 /* Set img->first_change_pending if the first change has anything to do
- * (autoclear bits to clear, bitmaps to mark in use).
+ * (autoclear bits to clear, bitmaps to mark in use, the dirty bit to
+ * set).
  */
 void qcow2_first_change_arm (struct qcow2_image *img);
 

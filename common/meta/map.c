@@ -171,6 +171,12 @@ qcow2_l1_changed (const struct qcow2_image *img, uint64_t l1_index)
   return img->map->l1_changed && img->map->l1_changed[l1_index];
 }
 
+bool
+qcow2_l1_any_changed (const struct qcow2_image *img)
+{
+  return img->map->l1_any_changed;
+}
+
 int
 qcow2_l1_copy (struct qcow2_image *img, struct l1_copy *copy)
 {

@@ -68,6 +68,8 @@ void qcow2_l1_set_entry (struct qcow2_image *img, uint64_t l1_index,
  */
 void qcow2_l1_mark_changed (struct qcow2_image *img, uint64_t l1_index);
 bool qcow2_l1_changed (const struct qcow2_image *img, uint64_t l1_index);
+/* Has any L1 entry changed since the last writeback copied them? */
+bool qcow2_l1_any_changed (const struct qcow2_image *img);
 
 /* The changed L1 entries a writeback writes: copied under the image lock
  * held exclusively (they count as unchanged from then on), written with

@@ -16,6 +16,7 @@
 #include "meta/writeback.h"
 #include "base/lockorder.h"
 #include "base/inflight.h"
+#include "format/header.h"
 #include "meta/dirty.h"
 #include "meta/hostio.h"
 #include "meta/log.h"
@@ -81,11 +82,11 @@ struct copy {
 };
 
 /* With the image lock held exclusively: copy what changed into *C and
- * count it clean, and take the queued releases.  On an error (logged)
- * nothing is taken.
+ * count it clean (the refcounts only if WITH_REFCOUNTS), and take the
+ * queued releases.  On an error (logged) nothing is taken.
  */
 static int
-copy_take (struct qcow2_image *img, struct copy *c)
+copy_take (struct qcow2_image *img, struct copy *c, bool with_refcounts)
 {
   int r;
 
@@ -96,7 +97,7 @@ copy_take (struct qcow2_image *img, struct copy *c)
     if (r < 0)
       qcow2_dirty_copy_done (img, &c->l2, false, NULL);
   }
-  if (r == 0) {
+  if (r == 0 && with_refcounts) {
     r = qcow2_refcount_snapshot (img, &c->rc);
     if (r < 0) {
       qcow2_dirty_copy_done (img, &c->l2, false, NULL);
@@ -121,17 +122,31 @@ copy_done (struct qcow2_image *img, struct copy *c, bool written)
   qcow2_l1_copy_done (img, &c->l1, written);
 }
 
+/* While the dirty bit is set on disk (set by the first change in
+ * qcow2-lazy-refcounts mode), a crash leaves an image that the next open
+ * repairs from its tables, so the refcounts need not be on disk before
+ * the tables that count on them: they stay in memory until a writeback
+ * WITH_REFCOUNTS.  With the image lock held (the bit changes under it
+ * held exclusively, and is cleared only under the writeback lock).
+ */
+static bool
+refcounts_deferred (const struct qcow2_image *img)
+{
+  return img->header.incompatible_features & QCOW2_INCOMPAT_DIRTY;
+}
+
 /* The writeback, with the writeback lock held. */
 static int
 writeback_serialized (struct qcow2_image *img, struct qcow2_io *io,
-                      bool flush_underneath)
+                      bool flush_underneath, bool with_refcounts)
 {
   struct copy c;
   bool releases, held;
   int r;
 
   qcow2_rwlock_wrlock (&img->lock);
-  r = copy_take (img, &c);
+  with_refcounts = with_refcounts || !refcounts_deferred (img);
+  r = copy_take (img, &c, with_refcounts);
   /* Clusters released by a writeback that failed after applying its
    * releases: their decrements go with this copy's refcounts, and must
    * be flushed before step 4.
@@ -175,11 +190,11 @@ writeback_serialized (struct qcow2_image *img, struct qcow2_io *io,
       r = qcow2_apply_frees (img, io, &c.frees);
     else
       qcow2_return_frees (img, &c.frees);
-    if (r == 0)
+    if (r == 0 && with_refcounts)
       r = qcow2_refcount_snapshot (img, &c.rc);
   }
   qcow2_rwlock_unlock (&img->lock);
-  if (r == 0 && releases) {
+  if (r == 0 && releases && with_refcounts) {
     r = qcow2_refcount_write (img, io, &c.rc);
     qcow2_rwlock_wrlock (&img->lock);
     qcow2_refcount_snapshot_done (img, &c.rc, r == 0);
@@ -214,8 +229,68 @@ qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
   int r;
 
   qcow2_mutex_lock (&img->writeback->lock);
-  r = writeback_serialized (img, io, flush_underneath);
+  r = writeback_serialized (img, io, flush_underneath, false);
   qcow2_mutex_unlock (&img->writeback->lock);
+  return r;
+}
+
+/* With the writeback lock held: the dirty bit cleared on disk, durably,
+ * if nothing changed since the writeback before (then 0 with *CLEARED
+ * set).  The header is written with the image lock held exclusively, so
+ * that no change slips in between the check and the bit; it happens once
+ * a session, at its close.
+ */
+static int
+clear_dirty_bit (struct qcow2_image *img, struct qcow2_io *io, bool *cleared)
+{
+  struct qcow2_header clean;
+  struct qcow2_field_bytes field;
+  int r = 0;
+
+  *cleared = false;
+  qcow2_rwlock_wrlock (&img->lock);
+  if (qcow2_dirty_count (img) == 0 && !qcow2_l1_any_changed (img) &&
+      !qcow2_refcount_dirty (img) && qcow2_pending_frees (img) == 0) {
+    clean = img->header;
+    clean.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+    qcow2_header_field (&clean, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
+    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
+                           field.len, field.offset);
+    if (r == 0)
+      r = qcow2_flush_logged (img, io);
+    if (r == 0) {
+      img->header.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+      *cleared = true;
+    }
+  }
+  qcow2_rwlock_unlock (&img->lock);
+  return r;
+}
+
+int
+qcow2_writeback_clean (struct qcow2_image *img, struct qcow2_io *io)
+{
+  bool dirty, cleared = false;
+  int r, tries;
+
+  qcow2_mutex_lock (&img->writeback->lock);
+  qcow2_rwlock_rdlock (&img->lock);
+  dirty = refcounts_deferred (img);
+  qcow2_rwlock_unlock (&img->lock);
+  /* Called with nothing in flight, one writeback is enough; a change
+   * that came in meanwhile is written by another round.
+   */
+  r = 0;
+  for (tries = 0; r == 0 && !cleared && tries < 3; ++tries) {
+    r = writeback_serialized (img, io, true, true);
+    if (r == 0 && !dirty)
+      break;
+    if (r == 0)
+      r = clear_dirty_bit (img, io, &cleared);
+  }
+  qcow2_mutex_unlock (&img->writeback->lock);
+  if (r == 0 && cleared)
+    qcow2_debug (img, "the refcounts written, the dirty bit cleared");
   return r;
 }
 
@@ -226,7 +301,7 @@ qcow2_writeback_if_idle (struct qcow2_image *img, struct qcow2_io *io)
 
   if (!qcow2_mutex_trylock (&img->writeback->lock))
     return 0;
-  r = writeback_serialized (img, io, false);
+  r = writeback_serialized (img, io, false, false);
   qcow2_mutex_unlock (&img->writeback->lock);
   return r;
 }

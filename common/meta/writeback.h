@@ -17,6 +17,14 @@
  * A crash anywhere leaks clusters at worst, and no discarded byte is
  * referred to by anything on disk.
  *
+ * Lazy refcounts (opts.lazy_refcounts): once the first change has set
+ * the image's dirty bit, the refcount steps are left out and the counts
+ * stay in memory (a crash is repaired from the tables by the next open,
+ * meta/repair.h, as qemu repairs its own); qcow2_writeback_clean, at a
+ * clean close, writes them in the order above and only then clears the
+ * bit, durably.  Releases still wait for the tables that dropped them
+ * to be durable before their clusters are reused.
+ *
  * The writeback holds the image lock only to copy what changed (and, at
  * the end, to count it clean, to apply the releases and to make the
  * clusters they freed reusable); the writes and flushes run without it,
@@ -32,7 +40,8 @@
  * writeback at a time.
  *
  * Offers: qcow2_writeback_open, qcow2_writeback_close,
- * qcow2_too_much_dirty, qcow2_writeback, qcow2_writeback_if_idle.
+ * qcow2_too_much_dirty, qcow2_writeback, qcow2_writeback_clean,
+ * qcow2_writeback_if_idle.
  * Locks: qcow2_too_much_dirty with the image lock held; the writebacks
  * take the writeback lock and then the image lock themselves, so they
  * are called with no lock held, no claim and not registered for a grace
@@ -64,6 +73,14 @@ bool qcow2_too_much_dirty (struct qcow2_image *img);
  */
 int qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
                      bool flush_underneath);
+
+/* qcow2_writeback (IMG, IO, true) with the refcounts written even if
+ * they were deferred, and then, if the dirty bit was set, the bit
+ * cleared, durably, once nothing is left changed.  For a clean close,
+ * with no request in flight.  0, or -errno after logging (the bit then
+ * stays set).
+ */
+int qcow2_writeback_clean (struct qcow2_image *img, struct qcow2_io *io);
 
 /* qcow2_writeback (IMG, IO, false), unless one is in progress already
  * (then 0 at once): for writers that found too much piled up.
