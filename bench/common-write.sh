@@ -104,28 +104,8 @@ print(j["virtual-size"], d.get("compression-type", "-"), j.get("cluster-size", "
 # it exit; it does not change how requests are served.
 start_qemu_rw ()
 {
-    local name=$1 image=$2 i
-    SERVER_SOCK=$RUN_DIR/$name.sock
-    SERVER_LOG=$RUN_DIR/$name.log
-    SERVER_URI="nbd+unix:///?socket=$SERVER_SOCK"
-    rm -f "$SERVER_SOCK"
-    qemu-nbd -f qcow2 --cache=writeback --persistent -k "$SERVER_SOCK" "$image" \
-        2>>"$SERVER_LOG" </dev/null &
-    SERVER_PID=$!
-    _server_pids+=("$SERVER_PID")
-    for i in $(seq 300); do
-        if [ -S "$SERVER_SOCK" ] &&
-               nbdinfo --size "$SERVER_URI" >/dev/null 2>&1; then
-            return 0
-        fi
-        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-            tail -n 20 "$SERVER_LOG" >&2 || true
-            die "server $name (qemu-nbd rw) exited at startup; log: $SERVER_LOG"
-        fi
-        sleep 0.05
-    done
-    tail -n 20 "$SERVER_LOG" >&2 || true
-    die "server $name (qemu-nbd rw) did not come up in 15 s; log: $SERVER_LOG"
+    start_command "$1" qemu-nbd -f qcow2 --cache=writeback --persistent \
+        -k SOCK "$2"
 }
 
 # fio_json_field JSON: "iops MiB/s mean_lat_us p99_lat_us total_ios

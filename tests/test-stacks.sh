@@ -47,23 +47,7 @@ check_clean ()
 }
 
 # The source disk: 6 MiB of random data, text, written zeros and holes.
-$PYTHON - <<'EOF'
-import random
-rng = random.Random(21)
-size = 6 * 1024 * 1024
-words = [b"stack", b"filter", b"plugin", b"cow", b"cache", b"zstd", b"\n"]
-out = bytearray()
-while len(out) < size:
-    k = rng.randrange(3)
-    n = rng.randrange(1, 250000)
-    if k == 0:
-        out += rng.randbytes(n)
-    elif k == 1:
-        out += b" ".join(rng.choice(words) for _ in range(n // 6))
-    else:
-        out += bytes(n)
-open("src.raw", "wb").write(out[:size])
-EOF
+mixed_disk src.raw $((6 * 1024 * 1024)) 21
 # fresh NAME: a compressed zstd image of src.raw with 16 MiB of room.
 fresh ()
 {
