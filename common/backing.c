@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "backing.h"
+#include "datafile.h"
 #include "paths/conn.h"
 #include "format/endian.h"
 #include "base/fileio.h"
@@ -81,14 +82,15 @@ list_dirs (const char *const *dirs, char *buf, size_t len)
     snprintf (buf, len, "none: the served image's directory is not known");
 }
 
-/* JOINED, the header's NAME taken from the image's directory, must lead
- * (symbolic links resolved) to a regular file inside one of the allowed
- * directories; *PATH is set to where it leads.  0, or -errno after
- * saying which file, the header's name for it, and what allows it.
+/* JOINED, the header's NAME for its WHAT ("backing file", "data file")
+ * taken from the image's directory, must lead (symbolic links resolved)
+ * to a regular file inside one of the allowed directories; *PATH is set
+ * to where it leads.  0, or -errno after saying which file, the
+ * header's name for it, and what allows it (PARAM=PATH names one).
  */
 static int
-check_allowed (struct qcow2_image *img, const char *name, const char *joined,
-               char **path)
+check_allowed (struct qcow2_image *img, const char *what, const char *param,
+               const char *name, const char *joined, char **path)
 {
   const char *const *dirs = img->opts.backing_dirs;
   char *real = realpath (joined, NULL), *slash, allowed[512];
@@ -97,16 +99,16 @@ check_allowed (struct qcow2_image *img, const char *name, const char *joined,
 
   if (real == NULL || stat (real, &st) == -1) {
     err = errno;
-    qcow2_error (img, "cannot open the backing file %s (named '%s' in the "
-                 "image): %s", real ? real : joined, name, strerror (err));
+    qcow2_error (img, "cannot open the %s %s (named '%s' in the image): %s",
+                 what, real ? real : joined, name, strerror (err));
     free (real);
     return -err;
   }
   if (!S_ISREG (st.st_mode)) {
-    qcow2_error (img, "the backing file %s (named '%s' in the image) is not "
-                 "a regular file: only regular files are opened as backing "
-                 "files named in an image (qcow2-backing=PATH names one "
-                 "explicitly)", real, name);
+    qcow2_error (img, "the %s %s (named '%s' in the image) is not a regular "
+                 "file: only regular files are opened as %ss named in an "
+                 "image (%s=PATH names one explicitly)", what, real, name,
+                 what, param);
     free (real);
     return -EPERM;
   }
@@ -117,29 +119,27 @@ check_allowed (struct qcow2_image *img, const char *name, const char *joined,
     }
   list_dirs (img->opts.backing_dirs, allowed, sizeof allowed);
   slash = strrchr (real, '/');
-  qcow2_error (img, "the backing file %s (named '%s' in the image) is "
-               "outside the directories backing files may be opened from "
-               "(%s): qcow2-backing-dir=%.*s allows it, or "
-               "qcow2-backing=PATH names the backing file", real, name,
-               allowed, (int) (slash == real ? 1 : slash - real), real);
+  qcow2_error (img, "the %s %s (named '%s' in the image) is outside the "
+               "directories %ss may be opened from (%s): "
+               "qcow2-backing-dir=%.*s allows it, or %s=PATH names the %s",
+               what, real, name, what, allowed,
+               (int) (slash == real ? 1 : slash - real), real, param, what);
   free (real);
   return -EPERM;
 }
 
-/* Where the backing file is: the override if given, else the header's
- * name, relative names taken from the image's own directory, if the
- * name may be opened at all.
- */
-static int
-resolve_path (struct qcow2_image *img, const char *name, char **path)
+int
+qcow2_named_file_path (struct qcow2_image *img, const char *what,
+                       const char *param, const char *override,
+                       const char *name, char **path)
 {
   const char *dir = img->opts.image_dir;
   char *joined = NULL;
   int r;
 
   *path = NULL;
-  if (img->opts.backing_path) {
-    *path = strdup (img->opts.backing_path);
+  if (override) {
+    *path = strdup (override);
     if (*path == NULL) {
       qcow2_error (img, "out of memory");
       return -ENOMEM;
@@ -147,18 +147,17 @@ resolve_path (struct qcow2_image *img, const char *name, char **path)
     return 0;
   }
   if (names_protocol (name)) {
-    qcow2_error (img, "the backing file name '%s' is a protocol or json: "
-                 "name, which only qemu opens: refused (only files are "
-                 "opened as backing files; qcow2-backing=PATH names one)",
-                 name);
+    qcow2_error (img, "the %s name '%s' is a protocol or json: name, which "
+                 "only qemu opens: refused (only files are opened as %ss; "
+                 "%s=PATH names one)", what, name, what, param);
     return -EPERM;
   }
   if (name[0] == '/')
     joined = strdup (name);
   else if (dir == NULL) {
-    qcow2_error (img, "the image has a backing file '%s' with a relative "
-                 "name and the engine does not know the image's directory; "
-                 "give its path with qcow2-backing=PATH", name);
+    qcow2_error (img, "the image has a %s '%s' with a relative name and the "
+                 "engine does not know the image's directory; give its path "
+                 "with %s=PATH", what, name, param);
     return -EINVAL;
   }
   else if (asprintf (&joined, "%s/%s", dir, name) == -1)
@@ -167,8 +166,34 @@ resolve_path (struct qcow2_image *img, const char *name, char **path)
     qcow2_error (img, "out of memory");
     return -ENOMEM;
   }
-  r = check_allowed (img, name, joined, path);
+  r = check_allowed (img, what, param, name, joined, path);
   free (joined);
+  return r;
+}
+
+int
+qcow2_named_file_lock (struct qcow2_image *img, const char *what,
+                       struct qcow2_io *io, const char *path)
+{
+  char lock_err[512];
+  int r;
+
+  /* qemu locks the files an image names as it locks an image opened
+   * read-only.
+   */
+  if (img->opts.locking == QCOW2_LOCK_OFF)
+    return 0;
+  r = qcow2_lock_fd (qcow2_fileio_fd (io), path,
+                     qcow2_lock_perms_for (false, img->opts.locking),
+                     lock_err, sizeof lock_err);
+  if (r < 0 && qcow2_lock_unsupported (r) &&
+      img->opts.locking == QCOW2_LOCK_AUTO) {
+    qcow2_debug (img, "%s: %s: read without a lock (qcow2-locking=auto)",
+                 what, lock_err);
+    return 0;
+  }
+  if (r < 0)
+    qcow2_error (img, "%s: %s", what, lock_err);
   return r;
 }
 
@@ -297,7 +322,8 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
   img->backing = b;
   img->read_backing = backing_read;
   img->backing_extents = backing_extents;
-  r = resolve_path (img, name, &b->path);
+  r = qcow2_named_file_path (img, "backing file", "qcow2-backing",
+                             img->opts.backing_path, name, &b->path);
   if (r < 0)
     return r;
   r = qcow2_fileio_open (b->path, false, &b->io);
@@ -306,21 +332,9 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
                  "image): %s", b->path, name, strerror (-r));
     return r;
   }
-  /* qemu locks a backing file as it locks an image opened read-only. */
-  if (img->opts.locking != QCOW2_LOCK_OFF) {
-    char lock_err[512];
-    r = qcow2_lock_fd (qcow2_fileio_fd (&b->io), b->path,
-                       qcow2_lock_perms_for (false, img->opts.locking),
-                       lock_err, sizeof lock_err);
-    if (r < 0 && qcow2_lock_unsupported (r) &&
-        img->opts.locking == QCOW2_LOCK_AUTO)
-      qcow2_debug (img, "backing file: %s: read without a lock "
-                   "(qcow2-locking=auto)", lock_err);
-    else if (r < 0) {
-      qcow2_error (img, "backing file: %s", lock_err);
-      return r;
-    }
-  }
+  r = qcow2_named_file_lock (img, "backing file", &b->io, b->path);
+  if (r < 0)
+    return r;
 
   /* The header's format extension says what the backing file is; without
    * one, look at its first bytes, as qemu does.
@@ -398,16 +412,23 @@ qcow2_backing_close (struct qcow2_image *img)
 }
 
 int
-qcow2_image_backing_files (const struct qcow2_image *img,
-                           int (*fn) (void *opaque, const char *path),
-                           void *opaque)
+qcow2_image_named_files (const struct qcow2_image *img,
+                         int (*fn) (void *opaque, const char *path),
+                         void *opaque)
 {
   int r;
 
-  for (; img && img->backing; img = img->backing->img) {
-    r = fn (opaque, img->backing->path);
-    if (r != 0)
-      return r;
+  for (; img; img = img->backing ? img->backing->img : NULL) {
+    if (img->data_file) {
+      r = fn (opaque, qcow2_data_file_path (img));
+      if (r != 0)
+        return r;
+    }
+    if (img->backing) {
+      r = fn (opaque, img->backing->path);
+      if (r != 0)
+        return r;
+    }
   }
   return 0;
 }

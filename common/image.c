@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "backing.h"
+#include "datafile.h"
 #include "meta/crypt.h"
 #include "base/cache.h"
 #include "base/inflight.h"
@@ -154,6 +155,12 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io,
     qcow2_error (img, "incompatible_features: images with extended L2 "
                  "entries (subclusters) can be read but not written; serve "
                  "them read-only (nbdkit -r)");
+    return -EROFS;
+  }
+  if (img->data_file) {
+    qcow2_error (img, "incompatible_features: images with an external data "
+                 "file can be read but not written; serve them read-only "
+                 "(nbdkit -r)");
     return -EROFS;
   }
   if (img->opts.lazy_refcounts && h->version < 3) {
@@ -361,6 +368,18 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
     r = -EINVAL;
     goto fail;
   }
+  if (img->header.incompatible_features & QCOW2_INCOMPAT_DATA_FILE) {
+    r = qcow2_data_file_open (img, first, first_len);
+    if (r < 0)
+      goto fail;
+  }
+  else if (opts->data_file_path) {
+    /* qemu's refusal, in its words. */
+    qcow2_error (img, "qcow2-data-file: 'data-file' can only be set for "
+                 "images with an external data file");
+    r = -EINVAL;
+    goto fail;
+  }
   if (img->header.backing_file_offset != 0) {
     r = qcow2_backing_open (img, first, first_len);
     if (r < 0)
@@ -461,6 +480,7 @@ qcow2_image_close (struct qcow2_image *img)
   qcow2_map_close (img);
   qcow2_crypt_close (img);
   qcow2_backing_close (img);
+  qcow2_data_file_close (img);
   qcow2_inflight_destroy (&img->inflight);
   qcow2_rwlock_destroy (&img->lock);
   free (img);

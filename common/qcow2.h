@@ -98,12 +98,13 @@ int qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
 
 const struct qcow2_header *qcow2_image_header (const struct qcow2_image *image);
 bool qcow2_image_writable (const struct qcow2_image *image);
-/* Call FN with the path of each backing file that IMAGE opened: its own,
- * then that one's, down the chain.  Stops at the first nonzero result
- * of FN and returns it; 0 when every call returned 0 (or there is no
- * backing file).
+/* Call FN with the path of each file that IMAGE opened beside itself
+ * and holds open, to lock as it is locked: its external data file, its
+ * backing file, then that one's data and backing files, down the chain.
+ * Stops at the first nonzero result of FN and returns it; 0 when every
+ * call returned 0 (or there is no such file).
  */
-int qcow2_image_backing_files (const struct qcow2_image *image,
+int qcow2_image_named_files (const struct qcow2_image *image,
                                int (*fn) (void *opaque, const char *path),
                                void *opaque);
 void qcow2_image_get_stats (struct qcow2_image *image,

@@ -29,7 +29,7 @@ struct export_locks {
   struct export_locks *next;
   char *key;
   struct held_file *image;      /* NULL: nothing held */
-  struct held_file *backing;    /* the backing files seen so far */
+  struct held_file *named;      /* its data and backing files seen so far */
 };
 
 /* Guards EXPORTS and what they hold.  It is held across opening and
@@ -236,35 +236,35 @@ locks_hold_image (enum qcow2_lock_policy policy, const char *key,
      * was locked is no longer what is served.
      */
     free_files (e->image);
-    free_files (e->backing);
-    e->image = e->backing = NULL;
+    free_files (e->named);
+    e->image = e->named = NULL;
     r = lock_new_image (policy, e, key, path, writable, confirm, opaque);
   }
   qcow2_mutex_unlock (&locks_lock);
   return r < 0 ? -1 : 0;
 }
 
-struct backing_walk {
+struct named_walk {
   enum qcow2_lock_policy policy;
   struct export_locks *e;
   const char *key;
 };
 
 static int
-hold_backing_file (void *opaque, const char *path)
+hold_named_file (void *opaque, const char *path)
 {
-  struct backing_walk *w = opaque;
+  struct named_walk *w = opaque;
   struct held_file *f;
   char err[1024];
   uint64_t size;
   int fd, r;
 
-  for (f = w->e->backing; f; f = f->next)
+  for (f = w->e->named; f; f = f->next)
     if (same_file (f, path))
       return 0;
   r = qcow2_lock_open (path, &fd, &size, err, sizeof err);
   if (r < 0) {
-    nbdkit_error ("qcow2zstd: backing file: %s", err);
+    nbdkit_error ("qcow2zstd: %s", err);
     return -1;
   }
   r = lock_or_report (w->policy, fd, path, false, w->key);
@@ -277,16 +277,16 @@ hold_backing_file (void *opaque, const char *path)
     close (fd);
     return -1;
   }
-  f->next = w->e->backing;
-  w->e->backing = f;
+  f->next = w->e->named;
+  w->e->named = f;
   return 0;
 }
 
 int
-locks_hold_backing (enum qcow2_lock_policy policy, const char *key,
+locks_hold_named_files (enum qcow2_lock_policy policy, const char *key,
                     const struct qcow2_image *image)
 {
-  struct backing_walk w = { .policy = policy, .key = key };
+  struct named_walk w = { .policy = policy, .key = key };
   int r = 0;
 
   if (policy == QCOW2_LOCK_OFF)
@@ -296,7 +296,7 @@ locks_hold_backing (enum qcow2_lock_policy policy, const char *key,
   if (w.e == NULL)
     r = -1;
   else
-    r = qcow2_image_backing_files (image, hold_backing_file, &w);
+    r = qcow2_image_named_files (image, hold_named_file, &w);
   qcow2_mutex_unlock (&locks_lock);
   return r;
 }
@@ -309,7 +309,7 @@ locks_release_all (void)
     struct export_locks *e = exports;
     exports = e->next;
     free_files (e->image);
-    free_files (e->backing);
+    free_files (e->named);
     free (e->key);
     free (e);
   }

@@ -10,10 +10,10 @@
  * descriptors of our own, so they go when nbdkit exits or is killed.
  *
  * Each export (a key: the filter's export name; the plugin's "") holds
- * its own lock on its image and on the image's backing files: two
+ * its own lock on its image and on the image's data and backing files: two
  * exports that reach one file conflict as two processes would.
  *
- * Offers: locks_hold_image, locks_hold_backing, locks_release_all.
+ * Offers: locks_hold_image, locks_hold_named_files, locks_release_all.
  * Locks: locks_lock (see locks.c), front-end lock 3 of README.md: taken
  * with no other lock of the glue's or the engine's held, and none taken
  * under it.
@@ -55,11 +55,12 @@ int locks_hold_image (enum qcow2_lock_policy policy, const char *key,
                       const char *path, bool writable,
                       locks_confirm_fn *confirm, void *opaque);
 
-/* Hold, for export KEY, read locks on every backing file IMAGE opened
- * (the engine locks them too, but only while the image is open).  0, or
+/* Hold, for export KEY, read locks on every file IMAGE opened beside
+ * itself, its data and backing files (qcow2_image_named_files: the
+ * engine locks them too, but only while the image is open).  0, or
  * -1 after nbdkit_error.
  */
-int locks_hold_backing (enum qcow2_lock_policy policy, const char *key,
+int locks_hold_named_files (enum qcow2_lock_policy policy, const char *key,
                         const struct qcow2_image *image);
 
 /* Drop every lock (nbdkit is unloading). */

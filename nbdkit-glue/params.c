@@ -232,6 +232,7 @@ params_unload (void)
   free (image_dir);
   free (image_file);
   free ((char *) engine_options.backing_path);
+  free ((char *) engine_options.data_file_path);
   if (passphrase) {
     qcow2_wipe (passphrase, strlen (passphrase));
     free (passphrase);
@@ -254,6 +255,16 @@ params_config (const char *key, const char *value)
       return -1;
     }
     engine_options.backing_path = path;
+    return 0;
+  }
+  if (strcmp (key, "qcow2-data-file") == 0) {
+    char *path = realpath (value, NULL);
+    if (path == NULL) {
+      nbdkit_error ("qcow2-data-file: %s: %m", value);
+      return -1;
+    }
+    free ((char *) engine_options.data_file_path);
+    engine_options.data_file_path = path;
     return 0;
   }
   if (strcmp (key, "qcow2-backing-dir") == 0)
@@ -489,6 +500,11 @@ check_startup (int readonly)
   if (create_requested && engine_options.backing_path) {
     nbdkit_error ("qcow2-backing: an image made by qcow2-create has no "
                   "backing file");
+    return -1;
+  }
+  if (create_requested && engine_options.data_file_path) {
+    nbdkit_error ("qcow2-data-file: an image made by qcow2-create has no "
+                  "external data file");
     return -1;
   }
   /* The type of a created image is known now; an existing image's only

@@ -78,6 +78,7 @@ int params_add_extent (void *extents, uint64_t offset, uint64_t length,
   "qcow2-lazy-refcounts=BOOL      Refcounts written at close, dirty bit meanwhile.\n" \
   "qcow2-backing=PATH             The backing file (default: the image's own).\n" \
   "qcow2-backing-dir=DIR          Backing files may also be in DIR (repeatable).\n" \
+  "qcow2-data-file=PATH           The external data file (default: the image's own).\n" \
   "qcow2-locking=on|auto|off      Lock the image as qemu does (default on).\n" \
   "qcow2-force-share=BOOL         With -r: read even an image in use (qemu -U).\n" \
   "qcow2-passphrase=SECRET        Of a LUKS image (- to prompt, +FILE, -FD).\n" \

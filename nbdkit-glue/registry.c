@@ -159,7 +159,7 @@ open_image (struct registry_image *img, const struct glue_options *options,
                       &img->engine);
   else
     r = qcow2_image_open (io, &log, &opts, &img->engine);
-  if (r == 0 && locks_hold_backing (policy, lock_key, img->engine) < 0)
+  if (r == 0 && locks_hold_named_files (policy, lock_key, img->engine) < 0)
     r = -1;
   if (r < 0) {
     qcow2_image_close (img->engine);

@@ -115,7 +115,7 @@ try_open (const struct glue_options *options, const char *path,
 
   if (open_as_served (options, path, false, &io, &img) == -1)
     return -1;
-  r = locks_hold_backing (options->engine.locking, lock_key, img);
+  r = locks_hold_named_files (options->engine.locking, lock_key, img);
   dirty = qcow2_image_header (img)->incompatible_features &
     QCOW2_INCOMPAT_DIRTY;
   qcow2_image_close (img);

@@ -179,7 +179,7 @@ image_refused "a file that is not qcow2" \
 : > empty.img
 image_refused "an empty file without qcow2-create" \
     "empty.img: the file is empty, not a qcow2 image (qcow2-create=SIZE makes one in it)" empty.img
-# Features refused: an unknown incompatible bit, an external data file;
+# Features refused: an unknown incompatible bit; an external data file
 # and the corrupt bit for writing (read with -r).
 set_incompatible () # FILE BYTE: OR BYTE into the last byte of incompatible_features
 {
@@ -194,8 +194,8 @@ image_refused "an unknown incompatible feature" \
     "unknown.qcow2: invalid or unsupported qcow2 image: incompatible_features: unknown incompatible feature bits 0x20" \
     unknown.qcow2
 qemu-img create -q -f qcow2 -o data_file="$PWD/data.raw" datafile.qcow2 16M
-image_refused "an external data file" \
-    "datafile.qcow2: invalid or unsupported qcow2 image: incompatible_features: images with an external data file are not supported" \
+image_refused "an external data file, for writing" \
+    "datafile.qcow2: incompatible_features: images with an external data file can be read but not written; serve them read-only (nbdkit -r)" \
     datafile.qcow2
 qemu-img create -q -f qcow2 corrupt.qcow2 16M
 set_incompatible corrupt.qcow2 0x02

@@ -41,6 +41,10 @@ struct qcow2_options {
   bool compress;                  /* store whole-cluster writes compressed */
   int compression_level;          /* the codec's level; 0: its default */
   const char *backing_path;       /* the backing file, overriding the header */
+  /* The external data file, overriding the header's name (qemu's
+   * data-file option); NULL: the header's.
+   */
+  const char *data_file_path;
   const char *image_dir;          /* where relative backing names start */
   /* The directories (absolute, symbolic links resolved, NULL-terminated)
    * that a backing file named in an image header may be in, at any

@@ -304,10 +304,6 @@ qcow2_header_check_features (const struct qcow2_header *h,
     qcow2_crypt_method_refusal (h->crypt_method, errbuf, errlen);
     return -1;
   }
-  if (h->incompatible_features & QCOW2_INCOMPAT_DATA_FILE)
-    return qcow2_fail (errbuf, errlen,
-                       "incompatible_features: images with an external data file "
-                       "are not supported");
   if (h->extended_l2 && h->cluster_bits < 14)
     return qcow2_fail (errbuf, errlen,
                        "incompatible_features: extended L2 entries need clusters "

@@ -14,11 +14,11 @@
 #include "meta/corrupt.h"
 #include "meta/log.h"
 
-int
-qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
-                     void *buf, uint64_t len, uint64_t offset)
+/* LEN bytes at OFFSET of a file of SIZE bytes (WHICH, for a message). */
+static int
+pread_within (struct qcow2_image *img, struct qcow2_io *io, uint64_t size,
+              const char *which, void *buf, uint64_t len, uint64_t offset)
 {
-  uint64_t size = atomic_load (&img->file_size);
   uint64_t avail = offset < size ? size - offset : 0;
   uint64_t from_file = len < avail ? len : avail;
   int r;
@@ -26,8 +26,8 @@ qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
   if (from_file > 0) {
     r = io->pread (io->opaque, buf, from_file, offset);
     if (r < 0) {
-      qcow2_error (img, "read of %" PRIu64 " bytes at host offset "
-                   "0x%" PRIx64 " failed: %s", from_file, offset,
+      qcow2_error (img, "read of %" PRIu64 " bytes at %s offset "
+                   "0x%" PRIx64 " failed: %s", from_file, which, offset,
                    strerror (-r));
       return r;
     }
@@ -39,6 +39,24 @@ qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
   if (from_file < len)
     memset ((uint8_t *) buf + from_file, 0, len - from_file);
   return 0;
+}
+
+int
+qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
+                     void *buf, uint64_t len, uint64_t offset)
+{
+  return pread_within (img, io, atomic_load (&img->file_size), "host",
+                       buf, len, offset);
+}
+
+int
+qcow2_pread_data (struct qcow2_image *img, struct qcow2_io *io,
+                  void *buf, uint64_t len, uint64_t offset)
+{
+  if (img->data_io)
+    return pread_within (img, img->data_io, img->data_size, "data file",
+                         buf, len, offset);
+  return qcow2_pread_clamped (img, io, buf, len, offset);
 }
 
 static int

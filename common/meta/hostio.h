@@ -13,8 +13,8 @@
  * image corrupt and fails with -EIO, writing nothing (meta/corrupt.h);
  * once the image is marked, every write fails so.
  *
- * Offers: qcow2_pread_clamped, qcow2_pwrite_data, qcow2_pwrite_meta,
- * qcow2_flush_logged.
+ * Offers: qcow2_pread_clamped, qcow2_pread_data, qcow2_pwrite_data,
+ * qcow2_pwrite_meta, qcow2_flush_logged.
  * Locks: none taken.  The I/O calls are made only from a thread that
  * called into the engine, never from pool workers (struct qcow2_io's
  * rule), with or without the image lock: the file size they clamp to
@@ -37,6 +37,13 @@
  */
 int qcow2_pread_clamped (struct qcow2_image *img, struct qcow2_io *io,
                          void *buf, uint64_t len, uint64_t offset);
+
+/* Read [OFFSET, OFFSET+LEN) of the host bytes of plain data clusters:
+ * from the external data file if the image has one (img->data_io, zeros
+ * past its end), else as qcow2_pread_clamped from IO.
+ */
+int qcow2_pread_data (struct qcow2_image *img, struct qcow2_io *io,
+                      void *buf, uint64_t len, uint64_t offset);
 
 /* Write [OFFSET, OFFSET+LEN) of the image underneath: guest data
  * (qcow2_pwrite_data), or metadata of KIND (qcow2_pwrite_meta).  The

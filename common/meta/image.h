@@ -69,8 +69,9 @@ struct qcow2_image {
   /* The header as on disk.  Fixed once the image is open, but for the
    * fields written back while it is served, each changed under the
    * image lock held exclusively by the module that writes it: the
-   * refcount table's place (meta/refcount.c), the autoclear bits
-   * (meta/first-change.c), the corrupt bit (meta/hostio.c).  When a
+   * refcount table's place (meta/refcount.c), the autoclear bits and
+   * the dirty bit of qcow2-lazy-refcounts (meta/first-change.c, cleared
+   * by meta/writeback.c), the corrupt bit (meta/hostio.c).  When a
    * snapshot is served, l1_size and l1_table_offset are the snapshot's.
    */
   struct qcow2_header header;
@@ -125,6 +126,15 @@ struct qcow2_image {
                        uint64_t offset);
   int (*backing_extents) (struct qcow2_image *img, uint64_t offset,
                           uint64_t len, qcow2_extent_fn fn, void *opaque);
+
+  /* The external data file (datafile.c), or NULL: with one, the host
+   * offset of a data cluster is an offset into it (the guest offset, as
+   * qemu places them), and meta/hostio.c reads data clusters through
+   * data_io, zeros past its data_size bytes.  Set as the image opens.
+   */
+  struct qcow2_data_file *data_file;
+  struct qcow2_io *data_io;
+  uint64_t data_size;
 
   /* ------------------------------------------------- the sub-objects */
 

@@ -298,7 +298,7 @@ qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
 {
   const struct qcow2_header *h = &img->header;
   uint64_t guest = guest_cluster << h->cluster_bits;
-  uint64_t offset;
+  uint64_t offset, limit;
 
   map->l2_entry = entry;
   map->compressed_len = 0;
@@ -315,6 +315,15 @@ qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
       qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": a "
                    "compressed cluster in an encrypted image (entry 0x%016"
                    PRIx64 ")", guest, entry);
+      return -EIO;
+    }
+    /* qemu writes no compressed cluster into an image with a data file
+     * either, and would find none: its data lives in that file.
+     */
+    if (img->data_file) {
+      qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": a "
+                   "compressed cluster in an image with an external data "
+                   "file (entry 0x%016" PRIx64 ")", guest, entry);
       return -EIO;
     }
     map->kind = CLUSTER_COMPRESSED;
@@ -357,14 +366,21 @@ qcow2_classify (struct qcow2_image *img, uint64_t guest_cluster,
     map->kind = CLUSTER_ZERO;
     return 0;
   }
-  if (offset == 0) {
+  /* With an external data file the host offset is into that file, where
+   * guest cluster 0 has host offset 0 too: qemu tells it from an
+   * unallocated entry by COPIED, which it sets on every data cluster of
+   * such an image.
+   */
+  if (offset == 0 && !(img->data_file && (entry & L2E_COPIED))) {
     map->kind = CLUSTER_UNALLOCATED;
     return 0;
   }
-  if (offset >= img->file_size) {
+  limit = img->data_file ? img->data_size : img->file_size;
+  if (offset >= limit) {
     qcow2_error (img, "L2 entry for guest offset 0x%" PRIx64 ": host offset "
-                 "0x%" PRIx64 " lies past the end of the file "
-                 "(%" PRIu64 " bytes)", guest, offset, img->file_size);
+                 "0x%" PRIx64 " lies past the end of the %s "
+                 "(%" PRIu64 " bytes)", guest, offset,
+                 img->data_file ? "data file" : "file", limit);
     return -EIO;
   }
   map->kind = CLUSTER_NORMAL;

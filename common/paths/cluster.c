@@ -240,7 +240,7 @@ qcow2_read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
     memset (out, 0, cluster_size);
     return 0;
   case CLUSTER_NORMAL:
-    r = qcow2_pread_clamped (img, io, out, cluster_size, map->host_offset);
+    r = qcow2_pread_data (img, io, out, cluster_size, map->host_offset);
     if (r == 0 && qcow2_image_encrypted (img))
       r = qcow2_encrypt_here (img, ws->cipher, false, out, cluster_size,
                               map->host_offset);
@@ -321,7 +321,7 @@ merge_sectors (struct qcow2_image *img, struct qcow2_io *io,
 
   *lo = part_off & ~UINT64_C (511);
   *hi = (part_off + len + 511) & ~UINT64_C (511);
-  r = qcow2_pread_clamped (img, io, merged + *lo, *hi - *lo, host + *lo);
+  r = qcow2_pread_data (img, io, merged + *lo, *hi - *lo, host + *lo);
   if (r == 0)
     r = qcow2_encrypt_here (img, ws->cipher, false, merged + *lo, *hi - *lo,
                             host + *lo);

@@ -63,7 +63,7 @@ read_mover (struct data_run *run, void *opaque)
   struct read_ctx *rc = opaque;
   struct qcow2_image *img = rc->img;
   struct request *req = rc->req;
-  int r = qcow2_pread_clamped (img, rc->io, run->buf, run->len, run->host);
+  int r = qcow2_pread_data (img, rc->io, run->buf, run->len, run->host);
 
   if (qcow2_image_encrypted (img)) {
     int r2 = qcow2_encrypt_finish (rc->conn, &req->crypt, &req->caller);
@@ -86,8 +86,8 @@ read_sectors_around (struct qcow2_image *img, struct request *req,
 {
   uint64_t start = host & ~UINT64_C (511);
   uint64_t end = (host + len + 511) & ~UINT64_C (511);
-  int r = qcow2_pread_clamped (img, io, req->caller.scratch, end - start,
-                               start);
+  int r = qcow2_pread_data (img, io, req->caller.scratch, end - start,
+                            start);
 
   if (r == 0)
     r = qcow2_encrypt_here (img, req->caller.cipher, false,
