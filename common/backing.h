@@ -8,23 +8,16 @@
  * read-only by the engine itself, and is read in the calling thread.
  * Past its end it reads as zeros.
  *
- * Which files: the header names its backing file, and a hostile image
- * could name any file of the server (or a device, or a json: or
- * protocol name that qemu would open).  A name is opened only if it is
- * a plain file name (no colon before its first slash, as qemu tells a
- * protocol prefix) and leads, once symbolic links are resolved, to a
- * regular file inside one of opts.backing_dirs (the served image's
- * directory and those the user added); otherwise the image is refused,
- * naming the file, the header's name and the parameter that allows it.
- * opts.backing_path, which the user names, is opened as it is.
+ * Which files: the header names its backing file, found by the rule of
+ * namedfile.h; opts.backing_path, which the user names, is opened as it
+ * is.
  *
  * Its map: a qcow2 backing file reports what its own chain reports, a
  * raw one its holes (SEEK_DATA/SEEK_HOLE) as zeros and the rest as data,
  * and past its end the disk is zeros.
  *
- * Offers: qcow2_backing_open, qcow2_backing_close, and for the data file
- * (datafile.h) too qcow2_named_file_path, qcow2_named_file_lock; the
- * paths read and map the backing file through img->read_backing and
+ * Offers: qcow2_backing_open, qcow2_backing_close; the paths read and
+ * map the backing file through img->read_backing and
  * img->backing_extents, which the open sets.
  * Locks: the paths read the backing file with no lock of the image held
  * (a read after its lookup, a copy-on-write before its link); a qcow2
@@ -49,21 +42,5 @@
 int qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
                         size_t first_len);
 void qcow2_backing_close (struct qcow2_image *img);
-
-/* The files an image names in its header (its backing file, its data
- * file: WHAT, for messages) are found by the rule above: *PATH (freed by
- * the caller) is OVERRIDE if the user gave one (with parameter PARAM),
- * else where the header's NAME leads, if it may be opened.  0, or -errno
- * after logging.
- */
-int qcow2_named_file_path (struct qcow2_image *img, const char *what,
-                           const char *param, const char *override,
-                           const char *name, char **path);
-/* Lock the file at PATH, open as IO, as qemu locks the files an image
- * names (as an image opened read-only), unless opts.locking says not to.
- * 0, or -errno after logging.
- */
-int qcow2_named_file_lock (struct qcow2_image *img, const char *what,
-                           struct qcow2_io *io, const char *path);
 
 #endif /* QCOW2_BACKING_H */

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "datafile.h"
-#include "backing.h"
+#include "namedfile.h"
 #include "base/fileio.h"
 #include "format/header.h"
 #include "meta/log.h"
@@ -100,17 +100,12 @@ qcow2_data_file_open (struct qcow2_image *img, const uint8_t *first,
   }
   img->data_io = &d->io;
   img->data_size = size;
+  img->data_path = d->path;
   qcow2_debug (img, "data file %s (%" PRIu64 " bytes%s)", d->path,
                img->data_size,
                img->header.autoclear_features & QCOW2_AUTOCLEAR_DATA_FILE_RAW
                ? ", data_file_raw" : "");
   return 0;
-}
-
-const char *
-qcow2_data_file_path (const struct qcow2_image *img)
-{
-  return img->data_file->path;
 }
 
 void
@@ -127,4 +122,5 @@ qcow2_data_file_close (struct qcow2_image *img)
   img->data_file = NULL;
   img->data_io = NULL;
   img->data_size = 0;
+  img->data_path = NULL;
 }

@@ -13,9 +13,8 @@
  * read data clusters from it through meta/hostio.c's qcow2_pread_data.
  * Such an image is served read-only: writing it is refused as it opens.
  *
- * Offers: qcow2_data_file_open, qcow2_data_file_close,
- * qcow2_data_file_path; img->data_io and img->data_size, which the open
- * sets.
+ * Offers: qcow2_data_file_open, qcow2_data_file_close; img->data_io,
+ * img->data_size and img->data_path, which the open sets.
  * Locks: none; the file is read as the image file is, from the threads
  * that call into the engine.
  * Needs: the header's extensions, backing.h's naming and locking rule,
@@ -36,7 +35,5 @@
 int qcow2_data_file_open (struct qcow2_image *img, const uint8_t *first,
                           size_t first_len);
 void qcow2_data_file_close (struct qcow2_image *img);
-/* The data file's path, as opened (IMG must have one). */
-const char *qcow2_data_file_path (const struct qcow2_image *img);
 
 #endif /* QCOW2_DATAFILE_H */

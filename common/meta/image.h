@@ -130,11 +130,13 @@ struct qcow2_image {
   /* The external data file (datafile.c), or NULL: with one, the host
    * offset of a data cluster is an offset into it (the guest offset, as
    * qemu places them), and meta/hostio.c reads data clusters through
-   * data_io, zeros past its data_size bytes.  Set as the image opens.
+   * data_io, zeros past its data_size bytes; data_path is where it is
+   * (for locking it).  Set as the image opens.
    */
   struct qcow2_data_file *data_file;
   struct qcow2_io *data_io;
   uint64_t data_size;
+  const char *data_path;
 
   /* ------------------------------------------------- the sub-objects */
 
