@@ -101,14 +101,7 @@ log_op (struct mem_io *m, bool flush, bool discard, const void *buf,
 
   if (!(m->flags & MEM_IO_RECORD))
     return;
-  if (m->nops == m->ops_cap) {
-    m->ops_cap = m->ops_cap ? 2 * m->ops_cap : 256;
-    m->ops = realloc (m->ops, m->ops_cap * sizeof *m->ops);
-    if (m->ops == NULL) {
-      perror ("realloc");
-      exit (1);
-    }
-  }
+  m->ops = xgrow (m->ops, m->nops, &m->ops_cap, sizeof *m->ops, 256);
   op = &m->ops[m->nops++];
   op->flush = flush;
   op->discard = discard;
@@ -284,14 +277,7 @@ mem_replay_apply (struct mem_replay *r, const struct mem_op *op)
 
   if (op->flush)
     return;
-  if (r->nundo == r->undo_cap) {
-    r->undo_cap = r->undo_cap ? 2 * r->undo_cap : 16;
-    r->undo = realloc (r->undo, r->undo_cap * sizeof *r->undo);
-    if (r->undo == NULL) {
-      perror ("realloc");
-      exit (1);
-    }
-  }
+  r->undo = xgrow (r->undo, r->nundo, &r->undo_cap, sizeof *r->undo, 16);
   u = &r->undo[r->nundo++];
   u->offset = op->offset;
   u->len = op->len;

@@ -31,6 +31,20 @@ xcalloc (size_t n, size_t size)
   return p;
 }
 
+void *
+xgrow (void *array, size_t count, size_t *cap, size_t elem, size_t first)
+{
+  if (count < *cap)
+    return array;
+  *cap = *cap ? 2 * *cap : first;
+  array = realloc (array, *cap * elem);
+  if (array == NULL) {
+    perror ("realloc");
+    exit (1);
+  }
+  return array;
+}
+
 void
 put32 (uint8_t *p, uint32_t v)
 {

@@ -15,6 +15,12 @@
 /* malloc and calloc that exit on failure (0 bytes allowed). */
 void *xmalloc (size_t len);
 void *xcalloc (size_t n, size_t size);
+/* ARRAY, holding COUNT elements of ELEM bytes in room for *CAP, with
+ * room for one more: doubled when full (FIRST elements at the start).
+ * Exits on failure.
+ */
+void *xgrow (void *array, size_t count, size_t *cap, size_t elem,
+             size_t first);
 
 /* Big-endian fields of qcow2 structures. */
 void put32 (uint8_t *p, uint32_t v);
