@@ -53,11 +53,7 @@ qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
      * (meta/writeback.h): the next open must count them again.
      */
     qcow2_debug (img, "first change: the dirty bit set (lazy refcounts)");
-    changed = img->header;
-    changed.incompatible_features |= QCOW2_INCOMPAT_DIRTY;
-    qcow2_header_field (&changed, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
-    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
-                           field.len, field.offset);
+    r = qcow2_pwrite_dirty_bit (img, io, true);
   }
   if (r == 0 && keep != img->header.autoclear_features) {
     qcow2_debug (img, "first change: autoclear_features 0x%" PRIx64

@@ -10,6 +10,7 @@
 
 #include "meta/hostio.h"
 #include "base/check.h"
+#include "format/header.h"
 #include "meta/regions.h"
 #include "meta/corrupt.h"
 #include "meta/log.h"
@@ -115,6 +116,22 @@ qcow2_pwrite_meta (struct qcow2_image *img, struct qcow2_io *io,
                    uint64_t offset)
 {
   return pwrite_checked (img, io, kind, buf, len, offset);
+}
+
+int
+qcow2_pwrite_dirty_bit (struct qcow2_image *img, struct qcow2_io *io,
+                        bool dirty)
+{
+  struct qcow2_header changed = img->header;
+  struct qcow2_field_bytes field;
+
+  if (dirty)
+    changed.incompatible_features |= QCOW2_INCOMPAT_DIRTY;
+  else
+    changed.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+  qcow2_header_field (&changed, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
+  return qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
+                            field.len, field.offset);
 }
 
 int

@@ -14,7 +14,7 @@
  * once the image is marked, every write fails so.
  *
  * Offers: qcow2_pread_clamped, qcow2_pread_data, qcow2_pwrite_data,
- * qcow2_pwrite_meta, qcow2_flush_logged.
+ * qcow2_pwrite_meta, qcow2_pwrite_dirty_bit, qcow2_flush_logged.
  * Locks: none taken.  The I/O calls are made only from a thread that
  * called into the engine, never from pool workers (struct qcow2_io's
  * rule), with or without the image lock: the file size they clamp to
@@ -26,6 +26,7 @@
 #ifndef QCOW2_HOSTIO_H
 #define QCOW2_HOSTIO_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "meta/image.h"
@@ -57,6 +58,14 @@ int qcow2_pwrite_data (struct qcow2_image *img, struct qcow2_io *io,
 int qcow2_pwrite_meta (struct qcow2_image *img, struct qcow2_io *io,
                        enum qcow2_region kind, const void *buf, uint64_t len,
                        uint64_t offset);
+
+/* Write the header's incompatible_features as img->header has them but
+ * with the dirty bit set (DIRTY) or clear, as qcow2_pwrite_meta writes
+ * (not flushed; img->header is the caller's to change once it is
+ * durable).  0, or -errno after logging.
+ */
+int qcow2_pwrite_dirty_bit (struct qcow2_image *img, struct qcow2_io *io,
+                            bool dirty);
 
 /* Flush the image underneath.  0, or -errno after logging. */
 int qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io);

@@ -585,8 +585,6 @@ qcow2_repair_refcounts (struct qcow2_image *img, struct qcow2_io *io,
   struct counts c = { .img = img, .io = io };
   struct refcount_snapshot snap;
   uint64_t changed = 0, nblocks = 0, fixed = 0, in_use = 0, cl;
-  struct qcow2_header clean;
-  struct qcow2_field_bytes field;
   bool rebuilt;
   int r;
 
@@ -635,13 +633,8 @@ qcow2_repair_refcounts (struct qcow2_image *img, struct qcow2_io *io,
     r = qcow2_flush_logged (img, io);
 
   /* 4. Only now is the image clean. */
-  if (r == 0) {
-    clean = *h;
-    clean.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
-    qcow2_header_field (&clean, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
-    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
-                           field.len, field.offset);
-  }
+  if (r == 0)
+    r = qcow2_pwrite_dirty_bit (img, io, false);
   if (r == 0)
     r = qcow2_flush_logged (img, io);
   if (r < 0)

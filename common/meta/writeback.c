@@ -243,19 +243,13 @@ qcow2_writeback (struct qcow2_image *img, struct qcow2_io *io,
 static int
 clear_dirty_bit (struct qcow2_image *img, struct qcow2_io *io, bool *cleared)
 {
-  struct qcow2_header clean;
-  struct qcow2_field_bytes field;
   int r = 0;
 
   *cleared = false;
   qcow2_rwlock_wrlock (&img->lock);
   if (qcow2_dirty_count (img) == 0 && !qcow2_l1_any_changed (img) &&
       !qcow2_refcount_dirty (img) && qcow2_pending_frees (img) == 0) {
-    clean = img->header;
-    clean.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
-    qcow2_header_field (&clean, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
-    r = qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
-                           field.len, field.offset);
+    r = qcow2_pwrite_dirty_bit (img, io, false);
     if (r == 0)
       r = qcow2_flush_logged (img, io);
     if (r == 0) {
