@@ -602,6 +602,19 @@ EOF
 }
 
 # ------------------------------------------------------------- images
+# data_file_image IMAGE DATA RAW CLUSTER: an 8 MiB qcow2 image whose
+# data lives in the file DATA (data_file_raw=RAW, clusters of CLUSTER
+# bytes), written by qemu-io with patterns, zeroes and a discard.
+data_file_image ()
+{
+    rm -f "$1" "$2"
+    qemu-img create -q -f qcow2 \
+        -o "data_file=$2,data_file_raw=$3,cluster_size=$4" "$1" 8M
+    qemu-io -c "write -P 0x51 0 100k" -c "write -P 0x52 1M 2M" \
+        -c "write -z 1536k 64k" -c "discard 2M 128k" -c "write -P 0x53 7M 3000" \
+        "$1" > io.out || { cat io.out; fail "qemu-io on $1"; }
+}
+
 # header_u64 IMAGE OFFSET: the big-endian u64 at OFFSET of IMAGE's header.
 header_u64 ()
 {

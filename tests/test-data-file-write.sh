@@ -17,17 +17,6 @@ cd "$TMPDIR_TEST"
 M=$((1 << 20))
 mixed_disk base.raw $((6 * M)) 9
 
-# make IMAGE DATA RAW CLUSTER: a qcow2 image whose data lives in DATA,
-# written by qemu-io with patterns, zeroes and a discard.
-make_image ()
-{
-    rm -f "$1" "$2"
-    qemu-img create -q -f qcow2 \
-        -o "data_file=$2,data_file_raw=$3,cluster_size=$4" "$1" 8M
-    qemu-io -c "write -P 0x51 0 100k" -c "write -P 0x52 1M 2M" \
-        -c "write -z 1536k 64k" -c "discard 2M 128k" -c "write -P 0x53 7M 3000" \
-        "$1" > io.out || { cat io.out; fail "qemu-io on $1"; }
-}
 serve ()
 {
     local form=$1 img=$2
@@ -43,7 +32,7 @@ for raw in on off; do
     for cs in 512 4096 65536 2097152; do
         for form in filter plugin; do
             label="data_file_raw=$raw, cluster $cs, $form"
-            make_image img.qcow2 data.raw $raw $cs
+            data_file_image img.qcow2 data.raw $raw $cs
             qemu-img convert -O raw img.qcow2 want.raw
             serve $form img.qcow2 -r
             nbdcopy "$(nbd_uri "$PWD/sock")" got.raw || { cat "$PWD/sock.log"; fail "$label: not served"; }

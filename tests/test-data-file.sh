@@ -19,17 +19,6 @@ requires qemu-img qemu-io nbdcopy nbdinfo
 
 cd "$TMPDIR_TEST"
 
-# make IMAGE DATA RAW CLUSTER: a qcow2 image whose data lives in DATA,
-# written by qemu-io with patterns, zeroes and a discard.
-make_image ()
-{
-    rm -f "$1" "$2"
-    qemu-img create -q -f qcow2 \
-        -o "data_file=$2,data_file_raw=$3,cluster_size=$4" "$1" 8M
-    qemu-io -c "write -P 0x51 0 100k" -c "write -P 0x52 1M 2M" \
-        -c "write -z 1536k 64k" -c "discard 2M 128k" -c "write -P 0x53 7M 3000" \
-        "$1" > io.out || { cat io.out; fail "qemu-io on $1"; }
-}
 # nbdkit_args FORM IMAGE: the server's arguments for FORM.
 nbdkit_args ()
 {
@@ -72,7 +61,7 @@ for raw in on off; do
         for form in filter plugin; do
             label="data_file_raw=$raw, cluster $cs, $form"
             section "read-$raw-$cs-$form" || continue
-            make_image img.qcow2 data.raw $raw $cs
+            data_file_image img.qcow2 data.raw $raw $cs
             qemu-img convert -O raw img.qcow2 want.raw
             sums=$(sha256sum img.qcow2 data.raw)
             nbdkit_args $form img.qcow2
@@ -90,7 +79,7 @@ for raw in on off; do
 done
 
 if section refusals; then
-    make_image img.qcow2 data.raw on 65536
+    data_file_image img.qcow2 data.raw on 65536
     sums=$(sha256sum img.qcow2 data.raw)
     for form in filter plugin; do
         nbdkit_args $form img.qcow2
@@ -121,7 +110,7 @@ fi
 if section lock; then
     # Locked as qemu locks it: qemu-io cannot write the data file while
     # it is served.
-    make_image img.qcow2 data.raw on 65536
+    data_file_image img.qcow2 data.raw on 65536
     for form in filter plugin; do
         nbdkit_args $form img.qcow2
         start_nbdkit "$PWD/sock" -r "${ARGS[@]}"
@@ -136,7 +125,7 @@ fi
 
 if section override; then
     # qcow2-data-file= where the header's (relative) name is wrong here.
-    make_image img.qcow2 data.raw off 65536
+    data_file_image img.qcow2 data.raw off 65536
     mkdir -p elsewhere
     mv data.raw elsewhere/moved.raw
     refused "missing data file" "cannot open the data file" -r --filter="$FILTER" file img.qcow2
@@ -154,7 +143,7 @@ fi
 
 if section short; then
     # A data file shorter than the L2 tables say.
-    make_image img.qcow2 data.raw off 65536
+    data_file_image img.qcow2 data.raw off 65536
     truncate -s 1M data.raw
     sums=$(sha256sum img.qcow2 data.raw)
     start_nbdkit "$PWD/sock" -r --filter="$FILTER" file img.qcow2
