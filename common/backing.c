@@ -265,19 +265,20 @@ qcow2_backing_close (struct qcow2_image *img)
 
 int
 qcow2_image_named_files (const struct qcow2_image *img,
-                         int (*fn) (void *opaque, const char *path),
+                         int (*fn) (void *opaque, const char *path,
+                                    bool written),
                          void *opaque)
 {
   int r;
 
   for (; img; img = img->backing ? img->backing->img : NULL) {
     if (img->data_path) {
-      r = fn (opaque, img->data_path);
+      r = fn (opaque, img->data_path, img->opts.writable);
       if (r != 0)
         return r;
     }
     if (img->backing) {
-      r = fn (opaque, img->backing->path);
+      r = fn (opaque, img->backing->path, false);
       if (r != 0)
         return r;
     }

@@ -83,15 +83,20 @@ qcow2_data_file_open (struct qcow2_image *img, const uint8_t *first,
                              img->opts.data_file_path, ns.name, &d->path);
   if (r < 0)
     return r;
-  r = qcow2_fileio_open (d->path, false, &d->io);
+  r = qcow2_fileio_open (d->path, img->opts.writable, &d->io);
   if (r < 0) {
-    qcow2_error (img, "cannot open the data file %s: %s", d->path,
-                 strerror (-r));
+    qcow2_error (img, "cannot open the data file %s%s: %s", d->path,
+                 img->opts.writable ? " for writing" : "", strerror (-r));
     return r;
   }
-  r = qcow2_named_file_lock (img, "data file", &d->io, d->path);
-  if (r < 0)
-    return r;
+  /* Read, it is locked here as backing files are; written, it is locked
+   * by the caller, as the image is (qcow2_image_named_files).
+   */
+  if (!img->opts.writable) {
+    r = qcow2_named_file_lock (img, "data file", &d->io, d->path);
+    if (r < 0)
+      return r;
+  }
   size = d->io.size (d->io.opaque);
   if (size < 0) {
     qcow2_error (img, "cannot get the size of the data file %s: %s",

@@ -7,17 +7,20 @@
  * into the data file, the guest offset itself as qemu allocates them
  * (autoclear bit 1, data_file_raw, says the data file is then also a
  * valid raw image of the disk).  The file is found as a backing file is
- * (backing.h: opts.data_file_path overrides the header's name, which
- * must otherwise lead to a regular file inside opts.backing_dirs),
- * opened read-only by the engine and locked as qemu locks it; the paths
- * read data clusters from it through meta/hostio.c's qcow2_pread_data.
- * Such an image is served read-only: writing it is refused as it opens.
+ * (namedfile.h: opts.data_file_path overrides the header's name, which
+ * must otherwise lead to a regular file inside opts.backing_dirs) and
+ * opened by the engine as the image is, read-only or for writing.  Read
+ * only, it is locked here as qemu locks it; written, its lock is the
+ * caller's to take, as the image's (qcow2_image_named_files).  The paths
+ * read and write data clusters in it through meta/hostio.c
+ * (qcow2_pread_data, qcow2_pwrite_data, qcow2_discard_data); a new one
+ * goes at its guest offset, counted by no refcount (paths/commit.c).
  *
  * Offers: qcow2_data_file_open, qcow2_data_file_close; img->data_io,
  * img->data_size and img->data_path, which the open sets.
- * Locks: none; the file is read as the image file is, from the threads
- * that call into the engine.
- * Needs: the header's extensions, backing.h's naming and locking rule,
+ * Locks: none; the file is read and written as the image file is, from
+ * the threads that call into the engine.
+ * Needs: the header's extensions, namedfile.h's naming and locking rule,
  * file I/O.
  */
 #ifndef QCOW2_DATAFILE_H

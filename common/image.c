@@ -157,10 +157,28 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io,
                  "them read-only (nbdkit -r)");
     return -EROFS;
   }
-  if (img->data_file) {
-    qcow2_error (img, "incompatible_features: images with an external data "
-                 "file can be read but not written; serve them read-only "
-                 "(nbdkit -r)");
+  /* qemu writes neither compressed clusters nor internal snapshots into
+   * an image with an external data file: the data file has no room for
+   * the one, and no refcounts to share clusters for the other.
+   */
+  if (img->data_file && img->opts.compress) {
+    qcow2_error (img, "qcow2-compress: an image with an external data file "
+                 "cannot hold compressed clusters (qemu refuses them too)");
+    return -EINVAL;
+  }
+  if (qcow2_data_file_raw (img) && img->backing) {
+    /* qemu-img create's refusal, in its words: the raw data file could
+     * not hold what the backing file shows through.
+     */
+    qcow2_error (img, "data_file_raw: Backing file and data-file-raw "
+                 "cannot be used at the same time");
+    return -EINVAL;
+  }
+  if (img->data_file && h->nb_snapshots) {
+    qcow2_error (img, "snapshots: an image with an external data file and "
+                 "internal snapshots (%" PRIu32 ") cannot be written: its "
+                 "data clusters have no refcounts to share them; serve it "
+                 "read-only (nbdkit -r)", h->nb_snapshots);
     return -EROFS;
   }
   if (img->opts.lazy_refcounts && h->version < 3) {

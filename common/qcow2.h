@@ -101,12 +101,16 @@ bool qcow2_image_writable (const struct qcow2_image *image);
 /* Call FN with the path of each file that IMAGE opened beside itself
  * and holds open, to lock as it is locked: its external data file, its
  * backing file, then that one's data and backing files, down the chain.
+ * WRITTEN says the file is written (the data file of an image open for
+ * writing): the engine locks the files it only reads itself, but leaves
+ * a file it writes to its caller to lock for writing, as the image.
  * Stops at the first nonzero result of FN and returns it; 0 when every
  * call returned 0 (or there is no such file).
  */
 int qcow2_image_named_files (const struct qcow2_image *image,
-                               int (*fn) (void *opaque, const char *path),
-                               void *opaque);
+                             int (*fn) (void *opaque, const char *path,
+                                        bool written),
+                             void *opaque);
 void qcow2_image_get_stats (struct qcow2_image *image,
                             struct qcow2_stats *stats);
 

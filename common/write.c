@@ -247,6 +247,58 @@ finish_change (struct qcow2_image *img, struct qcow2_io *io, bool fua,
   return r;
 }
 
+/* The whole clusters of [OFFSET, OFFSET+COUNT) (the disk's last one whole
+ * once the range reaches the disk's end): *LO to *HI, empty if LO >= HI.
+ */
+static void
+whole_clusters (const struct qcow2_image *img, uint64_t count,
+                uint64_t offset, uint64_t *lo, uint64_t *hi)
+{
+  const uint64_t mask = img->header.cluster_size - 1;
+  const uint64_t end = offset + count;
+
+  *lo = (offset + mask) & ~mask;
+  *hi = end == img->header.virtual_size ? (end + mask) & ~mask : end & ~mask;
+}
+
+/* After a zero or trim of an image with an external data file, every
+ * whole cluster of the range reads as zeros without its bytes there:
+ * they are given back (and with data_file_raw, must read as zeros in the
+ * file too).  Parts of clusters were written with zeros, or kept.
+ */
+static int
+give_back_data (struct qcow2_image *img, uint64_t count, uint64_t offset)
+{
+  uint64_t lo, hi;
+
+  whole_clusters (img, count, offset, &lo, &hi);
+  return lo < hi ? qcow2_discard_data (img, hi - lo, lo) : 0;
+}
+
+/* qcow2-detect-zeroes turned the whole clusters of zeros of a write into
+ * zero clusters: in a data_file_raw image the file must read as zeros
+ * there too.
+ */
+static int
+give_back_zeros_written (struct qcow2_image *img, const uint8_t *buf,
+                         uint64_t count, uint64_t offset)
+{
+  const uint64_t cluster_size = img->header.cluster_size;
+  uint64_t lo, hi, pos;
+  int r = 0;
+
+  whole_clusters (img, count, offset, &lo, &hi);
+  for (pos = lo; r == 0 && pos < hi; pos += cluster_size) {
+    const uint8_t *p = buf + (pos - offset);
+    uint64_t len = offset + count - pos < cluster_size
+      ? offset + count - pos : cluster_size;
+
+    if (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0)
+      r = qcow2_discard_data (img, len, pos);
+  }
+  return r;
+}
+
 int
 qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
              const void *buf, uint64_t count, uint64_t offset, bool fua)
@@ -281,6 +333,9 @@ qcow2_write (struct qcow2_conn *conn, struct qcow2_io *io,
     if (req)
       qcow2_conn_request_put (conn, req);
   }
+  if (r == 0 && qcow2_data_file_raw (img) &&
+      img->opts.detect_zeroes != QCOW2_DETECT_ZEROES_OFF)
+    r = give_back_zeros_written (img, buf, count, offset);
   if (r == 0)
     r = finish_change (img, io, fua, &result);
   if (r == 0)
@@ -299,6 +354,8 @@ change_without_data (struct qcow2_image *img, struct qcow2_io *io,
 
   qcow2_bitmaps_mark (img, offset, count);
   r = change (img, io, NULL, NULL, op, NULL, count, offset, &result);
+  if (r == 0 && img->data_file)
+    r = give_back_data (img, count, offset);
   if (r == 0)
     r = finish_change (img, io, fua, &result);
   return r;

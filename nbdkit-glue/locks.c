@@ -204,13 +204,33 @@ lock_new_image (enum qcow2_lock_policy policy, struct export_locks *e,
   return 0;
 }
 
+/* F, held, is to be written from now on: a reader's lock becomes a
+ * writer's.  0, or -1 after nbdkit_error.
+ */
+static int
+make_writer (enum qcow2_lock_policy policy, struct held_file *f,
+             const char *path)
+{
+  char err[1024];
+
+  if (f->writable)
+    return 0;
+  if (qcow2_lock_upgrade (f->fd, path, qcow2_lock_perms_for (false, policy),
+                          qcow2_lock_perms_for (true, policy),
+                          err, sizeof err) < 0) {
+    nbdkit_error ("qcow2zstd: %s", err);
+    return -1;
+  }
+  f->writable = true;
+  return 0;
+}
+
 int
 locks_hold_image (enum qcow2_lock_policy policy, const char *key,
                   const char *path, bool writable,
                   locks_confirm_fn *confirm, void *opaque)
 {
   struct export_locks *e;
-  char err[1024];
   int r = 0;
 
   if (policy == QCOW2_LOCK_OFF)
@@ -220,16 +240,8 @@ locks_hold_image (enum qcow2_lock_policy policy, const char *key,
   if (e == NULL)
     r = -1;
   else if (e->image && same_file (e->image, path)) {
-    if (writable && !e->image->writable) {
-      r = qcow2_lock_upgrade (e->image->fd, path,
-                              qcow2_lock_perms_for (false, policy),
-                              qcow2_lock_perms_for (true, policy),
-                              err, sizeof err);
-      if (r < 0)
-        nbdkit_error ("qcow2zstd: %s", err);
-      else
-        e->image->writable = true;
-    }
+    if (writable)
+      r = make_writer (policy, e->image, path);
   }
   else {
     /* Nothing held yet, or the name leads to another file now: what
@@ -251,7 +263,7 @@ struct named_walk {
 };
 
 static int
-hold_named_file (void *opaque, const char *path)
+hold_named_file (void *opaque, const char *path, bool written)
 {
   struct named_walk *w = opaque;
   struct held_file *f;
@@ -261,18 +273,18 @@ hold_named_file (void *opaque, const char *path)
 
   for (f = w->e->named; f; f = f->next)
     if (same_file (f, path))
-      return 0;
+      return written ? make_writer (w->policy, f, path) : 0;
   r = qcow2_lock_open (path, &fd, &size, err, sizeof err);
   if (r < 0) {
     nbdkit_error ("qcow2zstd: %s", err);
     return -1;
   }
-  r = lock_or_report (w->policy, fd, path, false, w->key);
+  r = lock_or_report (w->policy, fd, path, written, w->key);
   if (r <= 0) {
     close (fd);
     return r;
   }
-  f = keep (fd, path, false);
+  f = keep (fd, path, written);
   if (f == NULL) {
     close (fd);
     return -1;

@@ -55,10 +55,12 @@ int locks_hold_image (enum qcow2_lock_policy policy, const char *key,
                       const char *path, bool writable,
                       locks_confirm_fn *confirm, void *opaque);
 
-/* Hold, for export KEY, read locks on every file IMAGE opened beside
- * itself, its data and backing files (qcow2_image_named_files: the
- * engine locks them too, but only while the image is open).  0, or
- * -1 after nbdkit_error.
+/* Hold, for export KEY, locks on every file IMAGE opened beside itself,
+ * its data and backing files (qcow2_image_named_files): read locks on
+ * those it reads (the engine locks them too, but only while the image is
+ * open), a writer's lock on a data file it writes (which the engine
+ * leaves to us, as the image; a reader's lock held from an earlier
+ * read-only open becomes a writer's).  0, or -1 after nbdkit_error.
  */
 int locks_hold_named_files (enum qcow2_lock_policy policy, const char *key,
                         const struct qcow2_image *image);

@@ -12,8 +12,8 @@
 # Then the image itself, in both forms (the filter right over nbdkit's
 # file plugin with file=): nbdkit exits non-zero before serving (its
 # --run command never runs), with the message, for a file that is not
-# qcow2 or is empty, an unknown incompatible feature, an external data
-# file, the corrupt bit (for writing; served with -r), a level out of
+# qcow2 or is empty, an unknown incompatible feature, the corrupt bit
+# (for writing; served with -r), a level out of
 # the image's type's range, a wrong or missing passphrase, a snapshot
 # that is not there, a backing file missing two levels down or outside
 # the image's directory, an image another server writes (with and
@@ -179,8 +179,8 @@ image_refused "a file that is not qcow2" \
 : > empty.img
 image_refused "an empty file without qcow2-create" \
     "empty.img: the file is empty, not a qcow2 image (qcow2-create=SIZE makes one in it)" empty.img
-# Features refused: an unknown incompatible bit; an external data file
-# and the corrupt bit for writing (read with -r).
+# Features refused: an unknown incompatible bit; the corrupt bit for
+# writing (read with -r).
 set_incompatible () # FILE BYTE: OR BYTE into the last byte of incompatible_features
 {
     local old
@@ -193,10 +193,6 @@ set_incompatible unknown.qcow2 0x20
 image_refused "an unknown incompatible feature" \
     "unknown.qcow2: invalid or unsupported qcow2 image: incompatible_features: unknown incompatible feature bits 0x20" \
     unknown.qcow2
-qemu-img create -q -f qcow2 -o data_file="$PWD/data.raw" datafile.qcow2 16M
-image_refused "an external data file, for writing" \
-    "datafile.qcow2: incompatible_features: images with an external data file can be read but not written; serve them read-only (nbdkit -r)" \
-    datafile.qcow2
 qemu-img create -q -f qcow2 corrupt.qcow2 16M
 set_incompatible corrupt.qcow2 0x02
 image_refused "the corrupt bit, for writing" \

@@ -10,11 +10,18 @@
 #include "meta/log.h"
 #include "base/lockorder.h"
 
-/* The autoclear bits the header keeps: those of what is kept valid. */
+/* The autoclear bits the header keeps: those of what is kept valid (the
+ * bitmaps, and a data_file_raw data file, which every write keeps equal
+ * to the disk).
+ */
 static uint64_t
 kept_autoclear (const struct qcow2_image *img)
 {
-  return img->header.autoclear_features & qcow2_bitmaps_autoclear (img);
+  uint64_t kept = qcow2_bitmaps_autoclear (img);
+
+  if (qcow2_data_file_raw (img))
+    kept |= QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+  return img->header.autoclear_features & kept;
 }
 
 /* In qcow2-lazy-refcounts mode, is the dirty bit still to be set? */

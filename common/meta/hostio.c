@@ -6,10 +6,12 @@
 #include <config.h>
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "meta/hostio.h"
 #include "base/check.h"
+#include "base/cleanup.h"
 #include "format/header.h"
 #include "meta/regions.h"
 #include "meta/corrupt.h"
@@ -103,11 +105,95 @@ pwrite_checked (struct qcow2_image *img, struct qcow2_io *io,
   return r;
 }
 
+/* Guest data into the external data file: no metadata lives there, and
+ * the file grows as qemu grows it, by writing past its end.
+ */
+static int
+pwrite_data_file (struct qcow2_image *img, const void *buf, uint64_t len,
+                  uint64_t offset)
+{
+  uint64_t end = offset + len, size;
+  int r;
+
+  if (atomic_load (&img->corrupt)) {
+    qcow2_error (img, "a write of %" PRIu64 " bytes of guest data at data "
+                 "file offset 0x%" PRIx64 " is refused: the image is marked "
+                 "corrupt", len, offset);
+    return -EIO;
+  }
+  if (atomic_load_explicit (&img->first_change_pending,
+                            memory_order_relaxed)) {
+    QCOW2_ASSERT (!atomic_load (&img->first_change_pending));
+    qcow2_error (img, "internal error: a data file write of %" PRIu64
+                 " bytes at 0x%" PRIx64 " before the image's first change",
+                 len, offset);
+    return -EIO;
+  }
+  r = img->data_io->pwrite (img->data_io->opaque, buf, len, offset);
+  if (r < 0) {
+    qcow2_error (img, "write of %" PRIu64 " bytes of guest data at data "
+                 "file offset 0x%" PRIx64 " failed: %s", len, offset,
+                 strerror (-r));
+    return r;
+  }
+  /* Readers clamp to data_size: it covers the write before any entry
+   * that maps it is linked.
+   */
+  size = atomic_load (&img->data_size);
+  while (size < end &&
+         !atomic_compare_exchange_weak (&img->data_size, &size, end))
+    ;
+  atomic_fetch_add_explicit (&img->counters.unflushed_bytes, len,
+                             memory_order_relaxed);
+  return 0;
+}
+
 int
 qcow2_pwrite_data (struct qcow2_image *img, struct qcow2_io *io,
                    const void *buf, uint64_t len, uint64_t offset)
 {
+  if (img->data_io)
+    return pwrite_data_file (img, buf, len, offset);
   return pwrite_checked (img, io, QCOW2_REGION_NONE, buf, len, offset);
+}
+
+int
+qcow2_discard_data (struct qcow2_image *img, uint64_t len, uint64_t offset)
+{
+  struct qcow2_io *d = img->data_io;
+  const bool raw = qcow2_data_file_raw (img);
+  uint64_t size = atomic_load (&img->data_size);
+  CLEANUP_FREE uint8_t *zeros = NULL;
+  uint64_t done, n;
+  int r = -EOPNOTSUPP;
+
+  QCOW2_ASSERT (d != NULL);
+  if (offset >= size)
+    return 0;                   /* reads as zeros already */
+  if (len > size - offset)
+    len = size - offset;
+  /* The engine's own file I/O punches a hole, which reads as zeros. */
+  if (d->discard)
+    r = d->discard (d->opaque, len, offset);
+  if (r == 0 || !raw) {
+    if (r < 0 && r != -EOPNOTSUPP)
+      qcow2_debug (img, "discard of %" PRIu64 " bytes at data file offset "
+                   "0x%" PRIx64 " failed (%s): the space stays in use", len,
+                   offset, strerror (-r));
+    return 0;
+  }
+  /* data_file_raw: the file must read as the guest disk does, zeros. */
+  zeros = calloc (1, img->header.cluster_size);
+  if (zeros == NULL) {
+    qcow2_error (img, "out of memory zeroing the data file");
+    return -ENOMEM;
+  }
+  for (done = 0, r = 0; r == 0 && done < len; done += n) {
+    n = len - done < img->header.cluster_size ? len - done
+      : img->header.cluster_size;
+    r = pwrite_data_file (img, zeros, n, offset + done);
+  }
+  return r;
 }
 
 int
@@ -141,6 +227,14 @@ qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io)
 
   atomic_store_explicit (&img->counters.unflushed_bytes, 0,
                          memory_order_relaxed);
+  /* Data before the metadata that maps it: the data file first. */
+  if (img->data_io && img->data_io->flush) {
+    r = img->data_io->flush (img->data_io->opaque);
+    if (r < 0) {
+      qcow2_error (img, "flush of the data file failed: %s", strerror (-r));
+      return r;
+    }
+  }
   r = io->flush (io->opaque);
   if (r < 0)
     qcow2_error (img, "flush failed: %s", strerror (-r));

@@ -14,7 +14,8 @@
  * once the image is marked, every write fails so.
  *
  * Offers: qcow2_pread_clamped, qcow2_pread_data, qcow2_pwrite_data,
- * qcow2_pwrite_meta, qcow2_pwrite_dirty_bit, qcow2_flush_logged.
+ * qcow2_pwrite_meta, qcow2_discard_data, qcow2_pwrite_dirty_bit,
+ * qcow2_flush_logged.
  * Locks: none taken.  The I/O calls are made only from a thread that
  * called into the engine, never from pool workers (struct qcow2_io's
  * rule), with or without the image lock: the file size they clamp to
@@ -51,13 +52,26 @@ int qcow2_pread_data (struct qcow2_image *img, struct qcow2_io *io,
  * range must lie inside the file and the write must not come before the
  * image's first change (meta/first-change.h): either is an internal
  * error, -EIO.  Counts the bytes towards the next flush.  0, or -errno
- * after logging.
+ * after logging.  In an image with an external data file, guest data
+ * goes there instead (IO unused), unchecked against the regions (none
+ * are in that file) and growing the file as needed.
  */
 int qcow2_pwrite_data (struct qcow2_image *img, struct qcow2_io *io,
                        const void *buf, uint64_t len, uint64_t offset);
 int qcow2_pwrite_meta (struct qcow2_image *img, struct qcow2_io *io,
                        enum qcow2_region kind, const void *buf, uint64_t len,
                        uint64_t offset);
+
+/* The guest clusters of [OFFSET, OFFSET+LEN) of an image with an
+ * external data file no longer map its bytes there (zeroed or
+ * discarded): give their space back in the data file, as qemu does.
+ * With data_file_raw the bytes must then read as zeros, as the guest
+ * disk reads them: a discard that the file cannot do is written with
+ * zeros instead.  0, or -errno after logging (a failed discard alone is
+ * no error).
+ */
+int qcow2_discard_data (struct qcow2_image *img, uint64_t len,
+                        uint64_t offset);
 
 /* Write the header's incompatible_features as img->header has them but
  * with the dirty bit set (DIRTY) or clear, as qcow2_pwrite_meta writes
@@ -67,7 +81,9 @@ int qcow2_pwrite_meta (struct qcow2_image *img, struct qcow2_io *io,
 int qcow2_pwrite_dirty_bit (struct qcow2_image *img, struct qcow2_io *io,
                             bool dirty);
 
-/* Flush the image underneath.  0, or -errno after logging. */
+/* Flush the image underneath, and first the external data file if the
+ * image has one.  0, or -errno after logging.
+ */
 int qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io);
 
 #endif /* QCOW2_HOSTIO_H */

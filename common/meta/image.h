@@ -129,13 +129,15 @@ struct qcow2_image {
 
   /* The external data file (datafile.c), or NULL: with one, the host
    * offset of a data cluster is an offset into it (the guest offset, as
-   * qemu places them), and meta/hostio.c reads data clusters through
-   * data_io, zeros past its data_size bytes; data_path is where it is
-   * (for locking it).  Set as the image opens.
+   * qemu places them), and meta/hostio.c reads and writes data clusters
+   * through data_io, reading zeros past its data_size bytes; data_path
+   * is where it is (for locking it).  Set as the image opens; data_size
+   * grows as writes extend the file (meta/hostio.c, with or without the
+   * image lock, before the entries that map what they wrote are linked).
    */
   struct qcow2_data_file *data_file;
   struct qcow2_io *data_io;
-  uint64_t data_size;
+  _Atomic uint64_t data_size;
   const char *data_path;
 
   /* ------------------------------------------------- the sub-objects */
@@ -158,6 +160,16 @@ static inline bool
 qcow2_image_encrypted (const struct qcow2_image *img)
 {
   return img->header.crypt_method == QCOW2_CRYPT_LUKS;
+}
+
+/* Does the image keep its external data file a valid raw image of the
+ * disk (autoclear bit 1, data_file_raw)?
+ */
+static inline bool
+qcow2_data_file_raw (const struct qcow2_image *img)
+{
+  return img->data_file &&
+    (img->header.autoclear_features & QCOW2_AUTOCLEAR_DATA_FILE_RAW);
 }
 
 /* The guest cluster and host cluster arithmetic of the image. */

@@ -133,7 +133,8 @@ count_l2 (struct counts *c, uint64_t l1_index, uint64_t offset)
     switch (map.kind) {
     case CLUSTER_NORMAL:
     case CLUSTER_ZERO:
-      if (map.host_offset)
+      /* Data in an external data file, which no refcount counts. */
+      if (map.host_offset && !img->data_file)
         r = count_range (c, map.host_offset, h->cluster_size, USE_DATA,
                          "a data cluster");
       break;
@@ -505,9 +506,12 @@ fix_copied (struct counts *c, uint64_t *fixed)
       r = qcow2_classify (img, (i << h->l2_bits) + j, entry, &map);
       if (r < 0)
         break;
+      /* qemu sets COPIED on every data cluster of an external data
+       * file (it tells guest cluster 0's from an unallocated entry).
+       */
       if (map.kind == CLUSTER_COMPRESSED)
         should = entry & ~L2E_COPIED;
-      else if (map.host_offset)
+      else if (map.host_offset && !img->data_file)
         should = c->refs[map.host_offset >> bits] == 1 ? entry | L2E_COPIED
           : entry & ~L2E_COPIED;
       if (should != entry) {

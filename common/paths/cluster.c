@@ -182,7 +182,8 @@ plain_action (const struct qcow2_image *img, enum qcow2_op op,
    * normal cluster, a snapshot may share it: then it is copied.
    */
   bool reusable = map->kind == CLUSTER_ZERO && alone &&
-    map->host_offset + img->header.cluster_size <= img->file_size;
+    (img->data_file ||
+     map->host_offset + img->header.cluster_size <= img->file_size);
 
   if (op == QCOW2_OP_WRITE && !zeros)
     return in_place ? PLAIN_IN_PLACE : reusable ? PLAIN_REUSE : PLAIN_NEW;

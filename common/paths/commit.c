@@ -36,12 +36,17 @@ commit_init (struct commit *commit, struct qcow2_image *img,
   };
 }
 
-/* Queue the release of what MAP held, for after the next writeback. */
+/* Queue the release of what MAP held, for after the next writeback.
+ * The data clusters of an external data file are counted by no refcount
+ * (qemu places each at its guest offset there): nothing to release.
+ */
 static int
 release_old (struct qcow2_image *img, const struct cluster_map *map)
 {
   uint64_t start, len;
 
+  if (img->data_file)
+    return 0;
   switch (map->kind) {
   case CLUSTER_UNALLOCATED:
     return 0;
@@ -110,7 +115,8 @@ check_data (struct commit *commit, const struct cluster_map *map,
     return COMMIT_STEP_NEXT;
   case CLUSTER_ZERO:
   case CLUSTER_NORMAL:
-    if (map->host_offset == 0)
+    /* Host offsets into an external data file, where no metadata is. */
+    if (map->host_offset == 0 || img->data_file)
       return COMMIT_STEP_NEXT;
     start = map->host_offset;
     len = img->header.cluster_size;
@@ -224,9 +230,18 @@ commit_new_cluster (struct commit *commit, size_t i)
 
   if (step != COMMIT_STEP_NEXT)
     return step;
-  r = qcow2_alloc_clusters (commit->img, commit->io, 1, &commit->c[i].host);
-  if (r < 0)
-    return no_room (commit, r);
+  /* In an external data file, qemu places a cluster at its guest offset,
+   * which no other guest cluster can take: nothing to allocate.
+   */
+  if (commit->img->data_file)
+    commit->c[i].host = (commit->first + i)
+      << commit->img->header.cluster_bits;
+  else {
+    r = qcow2_alloc_clusters (commit->img, commit->io, 1,
+                              &commit->c[i].host);
+    if (r < 0)
+      return no_room (commit, r);
+  }
   commit->c[i].action = COMMIT_NEW;
   return COMMIT_STEP_NEXT;
 }
@@ -351,7 +366,7 @@ link (struct commit *commit, const struct commit_policy *policy,
       if (c->action != COMMIT_REUSE)
         r = release_old (img, &c->old);
     }
-    else if (c->action == COMMIT_NEW)
+    else if (c->action == COMMIT_NEW && !img->data_file)
       qcow2_free_later (img, c->host, img->header.cluster_size, 0);
     else if (c->action == COMMIT_LINK &&
              qcow2_classify (img, commit->first + i, c->entry, &map) == 0)
