@@ -140,6 +140,35 @@ backing_extents (struct qcow2_image *img, uint64_t offset, uint64_t len,
   return n < len ? fn (opaque, offset + n, len - n, true) : 0;
 }
 
+static int
+note_data (void *opaque, uint64_t offset, uint64_t length, bool zero)
+{
+  bool *all_zero = opaque;
+
+  *all_zero &= zero;
+  return 0;
+}
+
+static int
+backing_zero_fast (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                   bool *zero)
+{
+  struct qcow2_backing *b = img->backing;
+  uint64_t n = inside (b, offset, len);
+
+  *zero = true;
+  if (n == 0)
+    return 0;
+  /* qemu's block status of a raw file, asked without wanting zeros,
+   * calls every byte inside it data.
+   */
+  if (!b->is_qcow2) {
+    *zero = false;
+    return 0;
+  }
+  return qcow2_extents (b->conn, &b->io, offset, n, note_data, zero);
+}
+
 int
 qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
                     size_t first_len)
@@ -174,6 +203,7 @@ qcow2_backing_open (struct qcow2_image *img, const uint8_t *first,
   img->backing = b;
   img->read_backing = backing_read;
   img->backing_extents = backing_extents;
+  img->backing_zero_fast = backing_zero_fast;
   r = qcow2_named_file_path (img, "backing file", "qcow2-backing",
                              img->opts.backing_path, name, &b->path);
   if (r < 0)
@@ -261,6 +291,7 @@ qcow2_backing_close (struct qcow2_image *img)
   img->backing = NULL;
   img->read_backing = NULL;
   img->backing_extents = NULL;
+  img->backing_zero_fast = NULL;
 }
 
 int

@@ -151,12 +151,6 @@ open_for_writing (struct qcow2_image *img, struct qcow2_io *io,
                  "or serve it read-only (nbdkit -r)");
     return -EROFS;
   }
-  if (h->extended_l2) {
-    qcow2_error (img, "incompatible_features: images with extended L2 "
-                 "entries (subclusters) can be read but not written; serve "
-                 "them read-only (nbdkit -r)");
-    return -EROFS;
-  }
   /* qemu writes neither compressed clusters nor internal snapshots into
    * an image with an external data file: the data file has no room for
    * the one, and no refcounts to share clusters for the other.

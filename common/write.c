@@ -361,6 +361,151 @@ change_without_data (struct qcow2_image *img, struct qcow2_io *io,
   return r;
 }
 
+/* Zeros written as data over [OFFSET, OFFSET+COUNT), a cluster's worth
+ * at a time (the buffer of zeros is one cluster).
+ */
+static int
+write_zeros (struct qcow2_image *img, struct qcow2_io *io, uint64_t count,
+             uint64_t offset, struct change_result *result)
+{
+  const uint64_t cluster_size = img->header.cluster_size;
+  int r = 0;
+
+  while (r == 0 && count > 0) {
+    uint64_t n = cluster_size - (offset & (cluster_size - 1));
+
+    if (n > count)
+      n = count;
+    r = change (img, io, NULL, NULL, QCOW2_OP_WRITE, qcow2_scratch_zeros (img),
+                n, offset, result);
+    offset += n;
+    count -= n;
+  }
+  return r;
+}
+
+/* qemu's block layer writes the zeros of an unsupported zero request as
+ * data at most this much at a time (its bounce buffer).
+ */
+#define ZERO_FALLBACK_MAX (UINT64_C (16) << 20)
+
+/* A zero of an image with extended L2 entries, once checked, as qemu
+ * 7.2 does it (the reference for the allocation it leaves).  Its block
+ * layer splits the request at the subcluster size (qcow2's zero
+ * alignment): a subcluster covered only in part at either end is zeroed
+ * whole if it is zero or unallocated and the rest of it reads as zeros
+ * by the metadata, else the zeros are written as data (qcow2_sub_edge).
+ * The subclusters between get their zero bits (paths/cluster.h), unless
+ * a cluster they cover in part at either end is compressed: then zeros
+ * are written as data over them, at most ZERO_FALLBACK_MAX at a time.
+ * With FAST, what would write data fails with -ENOTSUP before anything
+ * changed.
+ */
+static int
+zero_subclusters (struct qcow2_image *img, struct qcow2_io *io,
+                  uint64_t count, uint64_t offset, bool fast, bool fua)
+{
+  const uint64_t sub = img->header.cluster_size / 32;
+  const uint64_t cmask = img->header.cluster_size - 1;
+  const uint64_t end = offset + count, disk_end = img->header.virtual_size;
+  uint64_t mid_start = offset, mid_end = end;
+  struct change_result result = { false, false };
+  uint64_t edge[2][2];
+  bool whole_sub[2], compressed;
+  unsigned i, nedges = 0;
+  int r = 0;
+
+  if (offset % sub) {
+    mid_start = (offset / sub + 1) * sub;
+    if (mid_start > end)
+      mid_start = end;
+    edge[nedges][0] = offset;
+    edge[nedges++][1] = mid_start;
+  }
+  if (end % sub && end != disk_end && end > mid_start) {
+    mid_end = end / sub * sub;
+    if (mid_end < mid_start)
+      mid_end = mid_start;
+    edge[nedges][0] = mid_end;
+    edge[nedges++][1] = end;
+  }
+  for (i = 0; i < nedges && r == 0; ++i) {
+    r = qcow2_sub_edge (img, io, edge[i][0], edge[i][1], &whole_sub[i],
+                        &compressed);
+    if (r == 0 && fast && !whole_sub[i])
+      r = -ENOTSUP;
+  }
+  if (r == 0 && fast && mid_start < mid_end) {
+    bool head_c = false, tail_c = false, unused;
+
+    if (mid_start & cmask)
+      r = qcow2_sub_edge (img, io, mid_start, mid_start + 1, &unused,
+                          &head_c);
+    if (r == 0 && (mid_end & cmask) && mid_end < disk_end &&
+        (mid_end & ~cmask) > mid_start)
+      r = qcow2_sub_edge (img, io, mid_end - 1, mid_end, &unused, &tail_c);
+    if (r == 0 && (head_c || tail_c))
+      r = -ENOTSUP;
+  }
+  if (r < 0)
+    return r;
+
+  qcow2_bitmaps_mark (img, offset, count);
+  /* The head first, the middle, the tail: the block layer's order. */
+  for (i = 0; i < nedges && r == 0; ++i) {
+    const uint64_t s0 = edge[i][0] / sub * sub;
+    uint64_t s1 = s0 + sub;
+
+    if (edge[i][0] != offset)
+      continue;                 /* the tail, after the middle */
+    if (s1 > disk_end)
+      s1 = disk_end;
+    r = whole_sub[i]
+      ? change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, s1 - s0, s0, &result)
+      : write_zeros (img, io, edge[i][1] - edge[i][0], edge[i][0], &result);
+  }
+  while (r == 0 && mid_start < mid_end) {
+    bool head_c = false, tail_c = false, unused;
+
+    if (mid_start & cmask)
+      r = qcow2_sub_edge (img, io, mid_start, mid_start + 1, &unused,
+                          &head_c);
+    if (r == 0 && (mid_end & cmask) && mid_end < disk_end &&
+        (mid_end & ~cmask) > mid_start)
+      r = qcow2_sub_edge (img, io, mid_end - 1, mid_end, &unused, &tail_c);
+    if (r == 0 && (head_c || tail_c)) {
+      uint64_t n = mid_end - mid_start;
+
+      if (n > ZERO_FALLBACK_MAX)
+        n = ZERO_FALLBACK_MAX;
+      r = write_zeros (img, io, n, mid_start, &result);
+      mid_start += n;
+      continue;
+    }
+    if (r == 0)
+      r = change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL,
+                  mid_end - mid_start, mid_start, &result);
+    break;
+  }
+  for (i = 0; i < nedges && r == 0; ++i) {
+    const uint64_t s0 = edge[i][0] / sub * sub;
+    uint64_t s1 = s0 + sub;
+
+    if (edge[i][0] == offset)
+      continue;
+    if (s1 > disk_end)
+      s1 = disk_end;
+    r = whole_sub[i]
+      ? change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, s1 - s0, s0, &result)
+      : write_zeros (img, io, edge[i][1] - edge[i][0], edge[i][0], &result);
+  }
+  if (r == 0 && img->data_file)
+    r = give_back_data (img, count, offset);
+  if (r == 0)
+    r = finish_change (img, io, fua, &result);
+  return r;
+}
+
 int
 qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
             uint64_t count, uint64_t offset, bool fast, bool fua)
@@ -369,6 +514,8 @@ qcow2_zero (struct qcow2_image *img, struct qcow2_io *io,
 
   if (r < 0 || count == 0)
     return r;
+  if (img->header.extended_l2)
+    return zero_subclusters (img, io, count, offset, fast, fua);
   if (fast) {
     bool needs;
     r = qcow2_zero_needs_writes (img, io, count, offset, &needs);

@@ -685,14 +685,16 @@ for line in sys.stdin:
         h.flush()
 h.shutdown()' "$1" || fail "the operations through $1 failed"
 }
-# apply_ops_qemu_io IMAGE < OPS: the same with one qemu-io on IMAGE.
+# apply_ops_qemu_io IMAGE [UNMAP] < OPS: the same with one qemu-io on
+# IMAGE; with UNMAP ("-u") its zeroes may unmap, as an NBD zero without
+# NO_HOLE may.
 apply_ops_qemu_io ()
 {
-    local args=() kind off len pat
+    local args=() kind off len pat unmap=${2:+$2 }
     while read -r kind off len pat; do
         case $kind in
             w) args+=(-c "write -P $pat $off $len") ;;
-            z) args+=(-c "write -z $off $len") ;;
+            z) args+=(-c "write -z $unmap$off $len") ;;
             t) args+=(-c "discard $off $len") ;;
             f) args+=(-c flush) ;;
         esac

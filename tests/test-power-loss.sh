@@ -15,7 +15,8 @@
 # cut by the plugin form), after which no crash state may refer to a
 # discarded range; writes to a LUKS-encrypted image, and writes to an
 # image with internal snapshots (which every state must still hold as
-# they were).  The client sends batches of writes, zeroes and trims at
+# they were), and to one with extended L2 entries (subclusters) and a
+# snapshot.  The client sends batches of writes, zeroes and trims at
 # once over three connections (some with FUA, flushes sent while requests
 # are in flight), and the storage serves them in parallel and logs in
 # device order: crash states include changes that were in flight.  A
@@ -186,5 +187,25 @@ for form in ${POWER_LOSS_FORMS:-filter}; do
         power_loss_run $name $form img.qcow2 random 65536 8 0
         power_loss_check $name $((8 * M)) --states "$STATES" --seed 8 \
             --initial-raw active.raw --snapshot 1=snap1.raw --snapshot 2=snap2.raw
+    fi
+
+    # 10. Extended L2 entries: writes of parts of clusters allocate the
+    # subclusters they touch (copying the rest of those on write), zeroes
+    # set zero bits; an image whose clusters are part allocated, part
+    # zero, part unallocated to begin with, and one snapshot sharing them.
+    name=$form-subclusters
+    if section $name; then
+        rm -f img.qcow2
+        qemu-img create -q -f qcow2 -o cluster_size=65536,extended_l2=on img.qcow2 8M
+        qemu-io -c 'write -P 0x61 0 100k' -c 'write -z 300k 64k' \
+            -c 'write -P 0x62 1M 3000' -c 'write -P 0x63 2100k 700k' img.qcow2 > /dev/null
+        qemu-img snapshot -c one img.qcow2
+        qemu-io -c 'write -P 0x64 40k 10k' img.qcow2 > /dev/null
+        qemu-img convert -l snapshot.id=1 -O raw img.qcow2 snap1.raw
+        qemu-img convert -O raw img.qcow2 active.raw
+        [ $form = filter ] && truncate -s +12M img.qcow2
+        power_loss_run $name $form img.qcow2 random 4096 9 0
+        power_loss_check $name $((8 * M)) --states "$STATES" --seed 9 \
+            --initial-raw active.raw --snapshot 1=snap1.raw
     fi
 done

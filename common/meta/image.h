@@ -126,6 +126,12 @@ struct qcow2_image {
                        uint64_t offset);
   int (*backing_extents) (struct qcow2_image *img, uint64_t offset,
                           uint64_t len, qcow2_extent_fn fn, void *opaque);
+  /* Does [OFFSET, OFFSET+LEN) of the backing file read as zeros by what
+   * its metadata says, without reading data (qemu's bdrv_co_is_zero_fast:
+   * no byte inside a raw backing file is)?  0, or -errno after logging.
+   */
+  int (*backing_zero_fast) (struct qcow2_image *img, uint64_t offset,
+                            uint64_t len, bool *zero);
 
   /* The external data file (datafile.c), or NULL: with one, the host
    * offset of a data cluster is an offset into it (the guest offset, as

@@ -46,6 +46,12 @@ struct plain_change {
   const bool *zeros;            /* detect-zeroes: whole clusters of zeros
                                    written, per cluster of the piece */
   struct write_target target;
+  /* Extended L2 entries: the bytes [from, to) of each cluster of the
+   * piece decided NEW or REUSE that are written (the new bytes and the
+   * old content of the subclusters they touch in part).  Without them,
+   * the whole cluster.
+   */
+  uint32_t from[QCOW2_COMMIT_MAX], to[QCOW2_COMMIT_MAX];
 };
 
 /* ------------------------------------------------------------ the runs */
@@ -267,12 +273,228 @@ qcow2_read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
   return -EIO;
 }
 
+/* -------------------------------------------- extended L2 entries
+ *
+ * A cluster of an image with extended L2 entries is 32 subclusters, each
+ * allocated (its bytes at its place in the host cluster), zero, or
+ * unallocated (the backing file's bytes, or zeros), as the entry's
+ * bitmap says: the low 32 bits allocation, the high 32 zero.  qemu's
+ * calculate_l2_meta and qcow2_alloc_cluster_link_l2 are the reference: a
+ * write copies on write only the subclusters it touches in part (and
+ * whole clusters only where their old content cannot stay: a compressed
+ * cluster, or one a snapshot shares), and allocates the subclusters it
+ * wrote.
+ */
+
+#define SUB_ALL UINT64_C (0xffffffff)
+
+/* The bitmap bits of subclusters [FIRST, LAST]: allocation bits (the
+ * zero bits are these shifted up 32).
+ */
+static uint64_t
+sub_range (unsigned first, unsigned last)
+{
+  return (SUB_ALL >> (31 - last + first)) << first;
+}
+
+/* BITMAP with subclusters [FIRST, LAST] allocated (ALLOC) or zero. */
+static uint64_t
+sub_set (uint64_t bitmap, unsigned first, unsigned last, bool alloc)
+{
+  const uint64_t bits = sub_range (first, last);
+
+  return alloc ? (bitmap | bits) & ~(bits << 32)
+    : (bitmap | (bits << 32)) & ~bits;
+}
+
+/* Subcluster SC of what MAP and BITMAP say: allocated, and zero. */
+static bool
+sub_allocated (uint64_t bitmap, unsigned sc)
+{
+  return bitmap & (UINT64_C (1) << sc);
+}
+
+static bool
+sub_zero (uint64_t bitmap, unsigned sc)
+{
+  return bitmap & (UINT64_C (1) << (32 + sc));
+}
+
+bool
+qcow2_sub_reads_as_zeros (const struct qcow2_image *img,
+                          const struct cluster_map *map, uint64_t bitmap,
+                          unsigned sc)
+{
+  if (map->kind == CLUSTER_COMPRESSED || sub_allocated (bitmap, sc))
+    return false;
+  return sub_zero (bitmap, sc) || img->backing == NULL;
+}
+
+/* Where the guest bytes of subcluster SC of a cluster that is not
+ * compressed come from.
+ */
+enum sub_content { SUB_HOST, SUB_ZEROS, SUB_BACKING };
+
+static enum sub_content
+sub_content (const struct qcow2_image *img, const struct cluster_map *map,
+             uint64_t bitmap, unsigned sc)
+{
+  if (map->kind == CLUSTER_NORMAL && sub_allocated (bitmap, sc))
+    return SUB_HOST;
+  if (sub_zero (bitmap, sc) || img->backing == NULL)
+    return SUB_ZEROS;
+  return SUB_BACKING;
+}
+
+/* Into OUT (a cluster, bytes [FROM, TO) of it), the guest content of the
+ * cluster MAP and BITMAP describe, subcluster by subcluster: allocated
+ * ones from the host cluster (decrypted), zero ones as zeros, the others
+ * from the backing file (or zeros).  A compressed cluster is read whole.
+ */
+static int
+read_old_subclusters (struct qcow2_image *img, struct qcow2_io *io,
+                      struct write_scratch *ws, const struct cluster_map *map,
+                      uint64_t bitmap, uint64_t guest_cluster, uint8_t *out,
+                      uint64_t from, uint64_t to)
+{
+  const uint64_t sub = img->header.cluster_size / 32;
+  const uint64_t guest = guest_cluster << img->header.cluster_bits;
+  uint64_t pos, end;
+  int r = 0;
+
+  if (map->kind == CLUSTER_COMPRESSED)
+    return qcow2_read_old_cluster (img, io, ws, map, guest_cluster, out);
+  /* A run of subclusters alike at a time; FROM and TO may lie inside
+   * subclusters.
+   */
+  for (pos = from; r == 0 && pos < to; pos = end) {
+    const enum sub_content what = sub_content (img, map, bitmap, pos / sub);
+
+    end = (pos / sub + 1) * sub;
+    while (end < to && sub_content (img, map, bitmap, end / sub) == what)
+      end += sub;
+    if (end > to)
+      end = to;
+    switch (what) {
+    case SUB_HOST:
+      r = qcow2_pread_data (img, io, out + pos, end - pos,
+                            map->host_offset + pos);
+      if (r == 0 && qcow2_image_encrypted (img))
+        r = qcow2_encrypt_here (img, ws->cipher, false, out + pos,
+                                end - pos, map->host_offset + pos);
+      break;
+    case SUB_ZEROS:
+      memset (out + pos, 0, end - pos);
+      break;
+    case SUB_BACKING:
+      r = img->read_backing (img, out + pos, end - pos, guest + pos);
+      break;
+    }
+  }
+  return r;
+}
+
+/* The decision for cluster I of an image with extended L2 entries,
+ * whose part [PART_OFF, PART_OFF+LEN) the request covers (WHOLE: all
+ * of it), ALONE: owned_alone's answer.
+ */
+static enum commit_step
+sub_decide (struct commit *commit, size_t i, struct plain_change *ch,
+            uint64_t part_off, uint64_t len, bool whole, bool alone)
+{
+  struct qcow2_image *img = commit->img;
+  struct commit_cluster *c = &commit->c[i];
+  const struct cluster_map *old = &c->old;
+  const uint64_t cluster_size = img->header.cluster_size;
+  const uint64_t sub = cluster_size / 32;
+  const uint64_t ob = c->old_bitmap;
+  const unsigned fs = part_off / sub, ls = (part_off + len - 1) / sub;
+  const bool zeros = ch->zeros && ch->zeros[i];
+  const uint64_t guest_end = ((commit->first + i) << img->header.cluster_bits)
+    + part_off + len;
+  const bool sub_aligned = part_off % sub == 0 &&
+    ((part_off + len) % sub == 0 || guest_end == img->header.virtual_size);
+  enum qcow2_op op = zeros ? QCOW2_OP_ZERO : ch->op;
+  unsigned first_alloc, last_alloc, k;
+
+  /* A compressed cluster cannot be zeroed in part, nor a subcluster
+   * only in part: those zeros are written as data, as qemu falls back to.
+   */
+  if (op == QCOW2_OP_WRITE ||
+      (op == QCOW2_OP_ZERO && !whole &&
+       (old->kind == CLUSTER_COMPRESSED || !sub_aligned))) {
+    ch->from[i] = fs * sub;
+    ch->to[i] = (ls + 1) * sub;
+    if (old->kind == CLUSTER_NORMAL && alone) {
+      for (k = fs; k <= ls && sub_allocated (ob, k); ++k)
+        ;
+      if (k > ls)
+        return commit_in_place (commit, i);
+      /* The new bytes in allocated subclusters stay where they are,
+       * which in an encrypted image means whole sectors.
+       */
+      if (sub_allocated (ob, fs))
+        ch->from[i] = qcow2_image_encrypted (img) ? part_off & ~UINT64_C (511)
+          : part_off;
+      if (sub_allocated (ob, ls))
+        ch->to[i] = qcow2_image_encrypted (img)
+          ? (part_off + len + 511) & ~UINT64_C (511) : part_off + len;
+      c->bitmap = sub_set (ob, fs, ls, true);
+      return commit_reuse_kept (commit, i);
+    }
+    if (old->kind == CLUSTER_COMPRESSED) {
+      ch->from[i] = 0;
+      ch->to[i] = cluster_size;
+      c->bitmap = SUB_ALL;
+      return commit_new_cluster (commit, i);
+    }
+    if (old->kind == CLUSTER_NORMAL && (ob & SUB_ALL)) {
+      /* Shared with a snapshot: its allocated subclusters come along. */
+      first_alloc = __builtin_ctzll (ob & SUB_ALL);
+      last_alloc = 63 - __builtin_clzll (ob & SUB_ALL);
+      ch->from[i] = (fs < first_alloc ? fs : first_alloc) * sub;
+      ch->to[i] = ((ls > last_alloc ? ls : last_alloc) + 1) * sub;
+    }
+    c->bitmap = sub_set (ob, ch->from[i] / sub, ch->to[i] / sub - 1, true);
+    return commit_new_cluster (commit, i);
+  }
+
+  if (whole) {
+    /* As qemu's zero_in_l2_slice and discard_in_l2_slice: every
+     * subcluster zero, the host cluster released (kept by a zero of a
+     * cluster the image alone owns with qcow2-detect-zeroes=on).
+     */
+    uint64_t entry = 0;
+
+    if (op == QCOW2_OP_TRIM && old->kind == CLUSTER_UNALLOCATED &&
+        img->backing == NULL)
+      return commit_keep (commit, i);
+    if (zeros && img->opts.detect_zeroes == QCOW2_DETECT_ZEROES_ON &&
+        old->kind == CLUSTER_NORMAL && alone)
+      entry = old->l2_entry;
+    c->bitmap = SUB_ALL << 32;
+    if (entry == old->l2_entry && c->bitmap == ob)
+      return commit_keep (commit, i);
+    return commit_set_entry (commit, i, entry);
+  }
+  if (op == QCOW2_OP_TRIM)
+    return commit_keep (commit, i);   /* a hint, as qemu 7.2 takes it */
+  /* Zeroes of whole subclusters (qcow2_zero writes the parts of
+   * subclusters at either end as data): their zero bits, the host
+   * cluster kept.
+   */
+  c->bitmap = sub_set (ob, fs, ls, false);
+  if (c->bitmap == ob)
+    return commit_keep (commit, i);
+  return commit_set_entry (commit, i, old->l2_entry);
+}
+
 /* ---------------------------------------------------------- the policy */
 
 static enum commit_step
 plain_decide (struct commit *commit, size_t i, void *opaque)
 {
-  const struct plain_change *ch = opaque;
+  struct plain_change *ch = opaque;
   struct qcow2_image *img = commit->img;
   const struct cluster_map *old = &commit->c[i].old;
   uint64_t part_off, len;
@@ -285,6 +507,8 @@ plain_decide (struct commit *commit, size_t i, void *opaque)
     commit->error = r;
     return COMMIT_STEP_FAILED;
   }
+  if (img->header.extended_l2)
+    return sub_decide (commit, i, ch, part_off, len, whole, alone);
   switch (plain_action (img, ch->op, old, alone, whole,
                         ch->zeros && ch->zeros[i])) {
   case PLAIN_KEEP:
@@ -378,6 +602,21 @@ plain_write (struct commit *commit, void *opaque)
         r = run_add (&run, src, host + part_off, len);
       continue;
     }
+    if (img->header.extended_l2) {
+      const uint64_t from = ch->from[i], to = ch->to[i];
+
+      if (from == part_off && to == part_off + len) {
+        r = run_add (&run, src, c->host + from, len);
+        continue;
+      }
+      r = read_old_subclusters (img, commit->io, ws, &c->old, c->old_bitmap,
+                                gc, merged, from, to);
+      if (r == 0) {
+        memcpy (merged + part_off, src, len);
+        r = run_add (&run, merged + from, c->host + from, to - from);
+      }
+      continue;
+    }
     if (len == cluster_size) {
       r = run_add (&run, src, c->host, len);
       continue;
@@ -456,7 +695,7 @@ qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
     }
 
     commit_init (&commit, img, io, gc0, last - gc0 + 1, ws->piece,
-                 ws->entries, ws->l2buf);
+                 ws->entries, ws->bitmaps, ws->l2buf);
     switch (commit_run (&commit, &policy, &ch)) {
     case COMMIT_OK:
     case COMMIT_STOPPED:
@@ -480,6 +719,65 @@ qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
   *done = pos - offset;
   qcow2_scratch_put (img, ws);
   return outcome;
+}
+
+/* Cluster GC's entry and bitmap, looked up with the image lock held. */
+static int
+look_up_one (struct qcow2_image *img, struct qcow2_io *io,
+             struct write_scratch *ws, uint64_t gc, struct cluster_map *map,
+             uint64_t *bitmap)
+{
+  size_t n = 1;
+  int r = qcow2_l2_entries (img, io, gc, &n, ws->entries, ws->bitmaps,
+                            ws->l2buf);
+
+  if (r == 0)
+    r = qcow2_classify_fetched (img, gc, 0, ws->entries, ws->bitmaps, map);
+  *bitmap = ws->bitmaps[0];
+  return r;
+}
+
+int
+qcow2_sub_edge (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
+                uint64_t end, bool *whole_sub, bool *compressed)
+{
+  const uint32_t bits = img->header.cluster_bits;
+  const uint64_t sub = img->header.cluster_size / 32;
+  const uint64_t sub_start = start / sub * sub;
+  uint64_t sub_end = sub_start + sub, bitmap;
+  struct write_scratch *ws = qcow2_scratch_get (img);
+  struct cluster_map map;
+  unsigned sc;
+  bool unallocated = false, zero;
+  int r;
+
+  if (ws == NULL)
+    return -ENOMEM;
+  qcow2_rwlock_rdlock (&img->lock);
+  r = look_up_one (img, io, ws, start >> bits, &map, &bitmap);
+  qcow2_rwlock_unlock (&img->lock);
+  qcow2_scratch_put (img, ws);
+  if (r < 0)
+    return r;
+  sc = (start & (img->header.cluster_size - 1)) / sub;
+  *compressed = map.kind == CLUSTER_COMPRESSED;
+  *whole_sub = !*compressed && !sub_allocated (bitmap, sc);
+  if (*whole_sub && !sub_zero (bitmap, sc))
+    unallocated = img->backing != NULL;
+  /* The rest of the subcluster, up to the disk's end, must read as zeros
+   * by the metadata, as qemu's is_zero asks.
+   */
+  if (sub_end > img->header.virtual_size)
+    sub_end = img->header.virtual_size;
+  if (unallocated && start > sub_start) {
+    r = img->backing_zero_fast (img, sub_start, start - sub_start, &zero);
+    *whole_sub = r == 0 && zero;
+  }
+  if (unallocated && r == 0 && *whole_sub && end < sub_end) {
+    r = img->backing_zero_fast (img, end, sub_end - end, &zero);
+    *whole_sub = r == 0 && zero;
+  }
+  return r;
 }
 
 int

@@ -79,8 +79,16 @@ enum change_outcome {
  * cluster of zeros written is zeroed instead (with "on", a normal cluster
  * the image alone owns keeps its host cluster as a zero cluster; v2
  * writes it).  A write into a zero cluster that kept its host cluster
- * fills that cluster whole and makes it normal.  Sets the flags of
- * *RESULT (the caller clears them).
+ * fills that cluster whole and makes it normal.  With extended L2
+ * entries (subclusters), as qemu: a write copies on write only the
+ * subclusters it covers in part and allocates those it wrote (a whole
+ * cluster only out of a compressed one, or one a snapshot shares); a
+ * whole cluster zeroed or trimmed gets every subcluster zero, whole
+ * subclusters zeroed their zero bits (a zero must cover subclusters
+ * whole, or reach the disk's end: qcow2_zero writes the rest as data),
+ * part of a compressed cluster zeroed is written with zeros, and a trim
+ * of part of a cluster is ignored.  Sets the flags of *RESULT (the
+ * caller clears them).
  */
 enum change_outcome qcow2_change_range (struct qcow2_image *img,
                                         struct qcow2_io *io,
@@ -93,7 +101,8 @@ enum change_outcome qcow2_change_range (struct qcow2_image *img,
 
 /* Would zeroing [OFFSET, OFFSET+COUNT) have to write data (a part of a
  * cluster that does not read as zeros, or any of a v2 image over a
- * backing file)?  Sets *NEEDS.  0, or -errno after logging.
+ * backing file)?  Sets *NEEDS.  0, or -errno after logging.  Not for
+ * images with extended L2 entries (qcow2_sub_edge).
  */
 int qcow2_zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
                              uint64_t count, uint64_t offset, bool *needs);
@@ -101,6 +110,24 @@ int qcow2_zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
 /* Does the cluster MAP describes read as zeros now? */
 bool qcow2_reads_as_zeros (const struct qcow2_image *img,
                            const struct cluster_map *map);
+
+/* With extended L2 entries: does subcluster SC of the cluster MAP and
+ * BITMAP describe read as zeros now?
+ */
+bool qcow2_sub_reads_as_zeros (const struct qcow2_image *img,
+                               const struct cluster_map *map, uint64_t bitmap,
+                               unsigned sc);
+
+/* With extended L2 entries, how a zero of [START, END), part of one
+ * subcluster, goes, as qemu's qcow2_co_pwrite_zeroes: *WHOLE_SUB if the
+ * subcluster is zero or unallocated and the rest of it reads as zeros
+ * by what the metadata says (the whole subcluster is then zeroed), else
+ * the zeros are written as data; *COMPRESSED if its cluster is
+ * compressed.  Takes the image lock itself.  0, or -errno after logging.
+ */
+int qcow2_sub_edge (struct qcow2_image *img, struct qcow2_io *io,
+                    uint64_t start, uint64_t end, bool *whole_sub,
+                    bool *compressed);
 
 /* Fill OUT (a cluster) with the content of guest cluster GUEST_CLUSTER as
  * MAP describes it (decrypted, in an encrypted image), using WS's

@@ -25,14 +25,15 @@
 void
 commit_init (struct commit *commit, struct qcow2_image *img,
              struct qcow2_io *io, uint64_t first, size_t n,
-             struct commit_cluster *c, uint64_t *entries, uint8_t *l2buf)
+             struct commit_cluster *c, uint64_t *entries, uint64_t *bitmaps,
+             uint8_t *l2buf)
 {
   QCOW2_ASSERT (n > 0 && n <= QCOW2_COMMIT_MAX);
   QCOW2_ASSERT (first >> img->header.l2_bits ==
                 (first + n - 1) >> img->header.l2_bits);
   *commit = (struct commit) {
     .img = img, .io = io, .first = first, .n = n, .c = c,
-    .entries = entries, .l2buf = l2buf,
+    .entries = entries, .bitmaps = bitmaps, .l2buf = l2buf,
   };
 }
 
@@ -164,13 +165,20 @@ prepare (struct commit *commit, size_t i, bool needs_table)
   return COMMIT_STEP_NEXT;
 }
 
+/* Entry I of the table becomes ENTRY, and with extended L2 entries its
+ * bitmap the cluster's new one.
+ */
 static void
 put_entry (struct commit *commit, struct meta_table *t, size_t i,
            uint64_t entry)
 {
-  const uint64_t l2_mask = (UINT64_C (1) << commit->img->header.l2_bits) - 1;
+  const struct qcow2_header *h = &commit->img->header;
+  const uint64_t l2_mask = (UINT64_C (1) << h->l2_bits) - 1;
+  uint8_t *at = t->data + ((commit->first + i) & l2_mask) * h->l2_entry_size;
 
-  put_be64 (t->data + ((commit->first + i) & l2_mask) * 8, entry);
+  put_be64 (at, entry);
+  if (h->extended_l2)
+    put_be64 (at + 8, commit->c[i].bitmap);
   t->dirty = true;
 }
 
@@ -271,6 +279,7 @@ commit_pack (struct commit *commit, size_t i, uint64_t len)
   if (r < 0)
     return no_room (commit, r);
   commit->c[i].host = host;
+  commit->c[i].bitmap = 0;
   commit->c[i].entry = qcow2_compressed_entry (host, len,
                                                commit->img->header.cluster_bits);
   commit->c[i].action = COMMIT_LINK;
@@ -295,6 +304,7 @@ commit_link_entry (struct commit *commit, size_t i, uint64_t entry)
     return step;
   commit->c[i].host = 0;
   commit->c[i].entry = entry;
+  commit->c[i].bitmap = 0;
   commit->c[i].action = COMMIT_LINK;
   return COMMIT_STEP_NEXT;
 }
@@ -317,13 +327,14 @@ look_up (struct commit *commit)
   int r;
 
   r = qcow2_l2_entries (img, commit->io, commit->first, &n, commit->entries,
-                        NULL, commit->l2buf);
+                        commit->bitmaps, commit->l2buf);
   QCOW2_ASSERT (r < 0 || n == commit->n);
   for (i = 0; r == 0 && i < commit->n; ++i) {
-    r = qcow2_classify (img, commit->first + i, commit->entries[i],
-                        &commit->c[i].old);
+    r = qcow2_classify_fetched (img, commit->first, i, commit->entries,
+                                commit->bitmaps, &commit->c[i].old);
     commit->c[i].action = COMMIT_KEEP;
     commit->c[i].host = commit->c[i].entry = 0;
+    commit->c[i].old_bitmap = commit->c[i].bitmap = commit->bitmaps[i];
   }
   return r;
 }

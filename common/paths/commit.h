@@ -85,6 +85,12 @@ struct commit_cluster {
   uint64_t host;                /* NEW, REUSE: the host cluster; LINK:
                                    the host bytes packed for it, or 0 */
   uint64_t entry;               /* LINK: the entry it gets */
+  /* Extended L2 entries: the subcluster bitmap the entry had (step 1),
+   * and the one it gets whenever its entry is set or linked: the old one
+   * until the policy says otherwise before deciding (SET, NEW, REUSE),
+   * none for what is packed or linked (compressed data has none).
+   */
+  uint64_t old_bitmap, bitmap;
 };
 
 /* What a policy's decision says. */
@@ -158,18 +164,18 @@ struct commit {
    * the lookup.
    */
   struct meta_table *table;
-  uint64_t *entries;
+  uint64_t *entries, *bitmaps;
   uint8_t *l2buf;
 };
 
 /* A commit of guest clusters [FIRST, FIRST+N), inside one L2 table and
- * at most QCOW2_COMMIT_MAX, with the caller's arrays: C and ENTRIES of N
- * each, L2BUF a cluster.
+ * at most QCOW2_COMMIT_MAX, with the caller's arrays: C, ENTRIES and
+ * BITMAPS of N each, L2BUF a cluster.
  */
 void commit_init (struct commit *commit, struct qcow2_image *img,
                   struct qcow2_io *io, uint64_t first, size_t n,
                   struct commit_cluster *c, uint64_t *entries,
-                  uint8_t *l2buf);
+                  uint64_t *bitmaps, uint8_t *l2buf);
 
 /* Run the protocol once with POLICY (see the top of this file).  The
  * clusters of a claim in the way are waited for and looked at again.
@@ -213,7 +219,11 @@ enum commit_step commit_in_place (struct commit *commit, size_t i);
 /* Its data goes whole into a new host cluster (commit->c[i].host). */
 enum commit_step commit_new_cluster (struct commit *commit, size_t i);
 
-/* Its data goes whole into the host cluster its zero entry kept. */
+/* Its data goes into the host cluster its entry kept, which is linked
+ * again once written: whole, where a zero entry kept it (which becomes
+ * normal); or, with extended L2 entries, into subclusters that were
+ * not allocated (which the new bitmap allocates).
+ */
 enum commit_step commit_reuse_kept (struct commit *commit, size_t i);
 
 /* LEN bytes of compressed data for it are packed (commit->c[i].host),

@@ -616,7 +616,8 @@ qcow2_compress_place (struct qcow2_image *img, struct qcow2_io *io,
     }
     order_round (&p, n);
     p.stop = PLACE_ON;
-    commit_init (&commit, img, io, gc, n, ws->piece, ws->entries, ws->l2buf);
+    commit_init (&commit, img, io, gc, n, ws->piece, ws->entries,
+                 ws->bitmaps, ws->l2buf);
     switch (commit_run (&commit, &policy, &p)) {
     case COMMIT_OK:
       break;

@@ -42,6 +42,7 @@ struct write_scratch {
   uint8_t *sealed;
   /* A commit's lookup and decisions (paths/commit.h). */
   uint64_t entries[QCOW2_COMMIT_MAX];
+  uint64_t bitmaps[QCOW2_COMMIT_MAX];
   struct commit_cluster piece[QCOW2_COMMIT_MAX];
 };
 
