@@ -42,6 +42,10 @@
 #                             and workload (default), on every run, or never.
 #                             qemu-img check runs after every run regardless.
 #   BENCH_FILTER_ARGS="..."   extra filter parameters (e.g. qcow2-threads=1)
+#   BENCH_OVERLAY=OPTIONS     each run writes into a new, empty overlay
+#                             over zstd.qcow2 made with qemu-img create -o
+#                             OPTIONS (say extended_l2=on,cluster_size=64k,
+#                             subclusters), instead of into a copy of it
 #   BENCH_SLOW_DELAY=1ms      the slow device's answer time (delay-read and
 #                             delay-write of nbdkit's delay filter)
 #   BENCH_SLOW_SIZE=SIZE      the slow section's disk (1G, quick 256M)
@@ -92,12 +96,16 @@ fi
 : "${BENCH_ONLY:=rand4k-qd1 rand4k-qd16 seq1m-qd4 slow}"
 : "${BENCH_VERIFY:=first}"
 : "${BENCH_FILTER_ARGS:=}"
+: "${BENCH_OVERLAY:=}"
 # shellcheck disable=SC2206
 FILTER_ARGS=($BENCH_FILTER_ARGS)
 
 need_cmds nbdkit qemu-nbd qemu-img nbdinfo fio python3 numfmt
 ensure_gnu_time
 bench_setup write
+# The filter opens a backing file named in a header only from the
+# image's directory or one it is given.
+[ -z "$BENCH_OVERLAY" ] || FILTER_ARGS+=("qcow2-backing-dir=$IMG_DIR")
 
 WORKLOADS=(rand4k-qd1 rand4k-qd16 seq1m-qd4)
 declare -A W_RW=([rand4k-qd1]=randwrite [rand4k-qd16]=randwrite [seq1m-qd4]=write)
@@ -140,7 +148,13 @@ fio_cmd ()
 # The file a contender serves in a run, prepared from the cached image.
 prepare_image () # PATH
 {
-    cp --sparse=always "$IMG_DIR/zstd.qcow2" "$1"
+    if [ -n "$BENCH_OVERLAY" ]; then
+        rm -f "$1"
+        qemu-img create -q -f qcow2 -o "$BENCH_OVERLAY" \
+            -b "$IMG_DIR/zstd.qcow2" -F qcow2 "$1"
+    else
+        cp --sparse=always "$IMG_DIR/zstd.qcow2" "$1"
+    fi
     truncate -s "+$ROOM" "$1"
     # Our copy's dirty pages must not be written back during the run.
     sync "$1"
@@ -157,8 +171,14 @@ reproducer () # KIND WORKLOAD
         srv="qemu-nbd -f qcow2 --cache=writeback --persistent -k SOCK img.qcow2"
     fi
     fio_cmd "$2" 'nbd+unix:///?socket=SOCK' fio.json
-    printf '  cp --sparse=always %s img.qcow2; truncate -s +%s img.qcow2\n  %s &\n  %s\n' \
-        "$IMG_DIR/zstd.qcow2" "$ROOM" "$srv" "${FIO_CMD[*]}"
+    if [ -n "$BENCH_OVERLAY" ]; then
+        printf '  qemu-img create -f qcow2 -o %s -b %s -F qcow2 img.qcow2; truncate -s +%s img.qcow2\n' \
+            "$BENCH_OVERLAY" "$IMG_DIR/zstd.qcow2" "$ROOM"
+    else
+        printf '  cp --sparse=always %s img.qcow2; truncate -s +%s img.qcow2\n' \
+            "$IMG_DIR/zstd.qcow2" "$ROOM"
+    fi
+    printf '  %s &\n  %s\n' "$srv" "${FIO_CMD[*]}"
 }
 
 # truth WORKLOAD N: sets TRUTH_PATH to a raw image equal to raw.img with
