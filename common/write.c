@@ -389,6 +389,47 @@ write_zeros (struct qcow2_image *img, struct qcow2_io *io, uint64_t count,
  */
 #define ZERO_FALLBACK_MAX (UINT64_C (16) << 20)
 
+/* Are the zeros of the subcluster-aligned [START, END) written as data,
+ * as qemu writes them when a cluster they cover in part at either end is
+ * compressed (*AS_DATA)?
+ */
+static int
+middle_as_data (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
+                uint64_t end, bool *as_data)
+{
+  const uint64_t cmask = img->header.cluster_size - 1;
+  bool head_c = false, tail_c = false, unused;
+  int r = 0;
+
+  if (start & cmask)
+    r = qcow2_sub_edge (img, io, start, start + 1, &unused, &head_c);
+  if (r == 0 && (end & cmask) && end < img->header.virtual_size &&
+      (end & ~cmask) > start)
+    r = qcow2_sub_edge (img, io, end - 1, end, &unused, &tail_c);
+  *as_data = head_c || tail_c;
+  return r;
+}
+
+/* Zero [EDGE[0], EDGE[1]), part of one subcluster: the whole subcluster
+ * (WHOLE_SUB, qcow2_sub_edge's answer), or zeros written as data.
+ */
+static int
+zero_edge (struct qcow2_image *img, struct qcow2_io *io,
+           const uint64_t edge[2], bool whole_sub,
+           struct change_result *result)
+{
+  const uint64_t sub = img->header.cluster_size / 32;
+  const uint64_t s0 = edge[0] / sub * sub;
+  uint64_t s1 = s0 + sub;
+
+  if (!whole_sub)
+    return write_zeros (img, io, edge[1] - edge[0], edge[0], result);
+  if (s1 > img->header.virtual_size)
+    s1 = img->header.virtual_size;
+  return change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, s1 - s0, s0,
+                 result);
+}
+
 /* A zero of an image with extended L2 entries, once checked, as qemu
  * 7.2 does it (the reference for the allocation it leaves).  Its block
  * layer splits the request at the subcluster size (qcow2's zero
@@ -406,45 +447,36 @@ zero_subclusters (struct qcow2_image *img, struct qcow2_io *io,
                   uint64_t count, uint64_t offset, bool fast, bool fua)
 {
   const uint64_t sub = img->header.cluster_size / 32;
-  const uint64_t cmask = img->header.cluster_size - 1;
-  const uint64_t end = offset + count, disk_end = img->header.virtual_size;
+  const uint64_t end = offset + count;
   uint64_t mid_start = offset, mid_end = end;
   struct change_result result = { false, false };
-  uint64_t edge[2][2];
-  bool whole_sub[2], compressed;
-  unsigned i, nedges = 0;
+  uint64_t head[2] = { 0, 0 }, tail[2] = { 0, 0 };
+  bool head_whole = false, tail_whole = false, compressed, as_data;
   int r = 0;
 
   if (offset % sub) {
     mid_start = (offset / sub + 1) * sub;
     if (mid_start > end)
       mid_start = end;
-    edge[nedges][0] = offset;
-    edge[nedges++][1] = mid_start;
+    head[0] = offset;
+    head[1] = mid_start;
+    r = qcow2_sub_edge (img, io, head[0], head[1], &head_whole, &compressed);
   }
-  if (end % sub && end != disk_end && end > mid_start) {
+  if (r == 0 && end % sub && end != img->header.virtual_size &&
+      end > mid_start) {
     mid_end = end / sub * sub;
     if (mid_end < mid_start)
       mid_end = mid_start;
-    edge[nedges][0] = mid_end;
-    edge[nedges++][1] = end;
+    tail[0] = mid_end;
+    tail[1] = end;
+    r = qcow2_sub_edge (img, io, tail[0], tail[1], &tail_whole, &compressed);
   }
-  for (i = 0; i < nedges && r == 0; ++i) {
-    r = qcow2_sub_edge (img, io, edge[i][0], edge[i][1], &whole_sub[i],
-                        &compressed);
-    if (r == 0 && fast && !whole_sub[i])
-      r = -ENOTSUP;
-  }
-  if (r == 0 && fast && mid_start < mid_end) {
-    bool head_c = false, tail_c = false, unused;
-
-    if (mid_start & cmask)
-      r = qcow2_sub_edge (img, io, mid_start, mid_start + 1, &unused,
-                          &head_c);
-    if (r == 0 && (mid_end & cmask) && mid_end < disk_end &&
-        (mid_end & ~cmask) > mid_start)
-      r = qcow2_sub_edge (img, io, mid_end - 1, mid_end, &unused, &tail_c);
-    if (r == 0 && (head_c || tail_c))
+  if (r == 0 && fast) {
+    as_data = false;
+    if (mid_start < mid_end)
+      r = middle_as_data (img, io, mid_start, mid_end, &as_data);
+    if (r == 0 && (as_data || (head[1] > head[0] && !head_whole) ||
+                   (tail[1] > tail[0] && !tail_whole)))
       r = -ENOTSUP;
   }
   if (r < 0)
@@ -452,28 +484,11 @@ zero_subclusters (struct qcow2_image *img, struct qcow2_io *io,
 
   qcow2_bitmaps_mark (img, offset, count);
   /* The head first, the middle, the tail: the block layer's order. */
-  for (i = 0; i < nedges && r == 0; ++i) {
-    const uint64_t s0 = edge[i][0] / sub * sub;
-    uint64_t s1 = s0 + sub;
-
-    if (edge[i][0] != offset)
-      continue;                 /* the tail, after the middle */
-    if (s1 > disk_end)
-      s1 = disk_end;
-    r = whole_sub[i]
-      ? change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, s1 - s0, s0, &result)
-      : write_zeros (img, io, edge[i][1] - edge[i][0], edge[i][0], &result);
-  }
+  if (head[1] > head[0])
+    r = zero_edge (img, io, head, head_whole, &result);
   while (r == 0 && mid_start < mid_end) {
-    bool head_c = false, tail_c = false, unused;
-
-    if (mid_start & cmask)
-      r = qcow2_sub_edge (img, io, mid_start, mid_start + 1, &unused,
-                          &head_c);
-    if (r == 0 && (mid_end & cmask) && mid_end < disk_end &&
-        (mid_end & ~cmask) > mid_start)
-      r = qcow2_sub_edge (img, io, mid_end - 1, mid_end, &unused, &tail_c);
-    if (r == 0 && (head_c || tail_c)) {
+    r = middle_as_data (img, io, mid_start, mid_end, &as_data);
+    if (r == 0 && as_data) {
       uint64_t n = mid_end - mid_start;
 
       if (n > ZERO_FALLBACK_MAX)
@@ -487,18 +502,8 @@ zero_subclusters (struct qcow2_image *img, struct qcow2_io *io,
                   mid_end - mid_start, mid_start, &result);
     break;
   }
-  for (i = 0; i < nedges && r == 0; ++i) {
-    const uint64_t s0 = edge[i][0] / sub * sub;
-    uint64_t s1 = s0 + sub;
-
-    if (edge[i][0] == offset)
-      continue;
-    if (s1 > disk_end)
-      s1 = disk_end;
-    r = whole_sub[i]
-      ? change (img, io, NULL, NULL, QCOW2_OP_ZERO, NULL, s1 - s0, s0, &result)
-      : write_zeros (img, io, edge[i][1] - edge[i][0], edge[i][0], &result);
-  }
+  if (r == 0 && tail[1] > tail[0])
+    r = zero_edge (img, io, tail, tail_whole, &result);
   if (r == 0 && img->data_file)
     r = give_back_data (img, count, offset);
   if (r == 0)

@@ -14,7 +14,7 @@
 # trims from three connections mirrored into a raw file (check clean,
 # qemu reads the mirror's data): over a qcow2 backing file, with
 # qcow2-compress=on, LUKS-encrypted, and with a snapshot that must not
-# change.
+# change.  A fast zero that would write data is refused with ENOTSUP.
 source "${top_srcdir:-.}/tests/functions.sh"
 requires qemu-img qemu-io nbdcopy
 requires_nbd_python
@@ -208,4 +208,33 @@ if section snapshot; then
     qemu-img convert -l snapshot.name=one -O raw img.qcow2 got-snap.raw
     cmp -s got-snap.raw snap.raw || fail "snapshot: the snapshot changed"
     echo "snapshot: reads as before the writes"
+fi
+
+if section fast-zero; then
+    # A fast zero that would write data (part of a subcluster over the
+    # backing file's data) fails with ENOTSUP and changes nothing; one of
+    # whole subclusters is done.
+    rm -f img.qcow2
+    qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=65536 \
+        -b "$PWD/base.raw" -F raw img.qcow2 16M
+    truncate -s +16M img.qcow2
+    start_server "$PWD/sock" file img.qcow2
+    out=$("$PYTHON" -c '
+import nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+for off, n in ((1000, 3000), (4096, 2048)):
+    try:
+        h.zero(n, off, nbd.CMD_FLAG_FAST_ZERO)
+        print("ok", end=" ")
+    except nbd.Error as e:
+        print(e.errno, end=" ")
+h.shutdown()' "$(nbd_uri "$PWD/sock")")
+    stop_server
+    [ "$out" = "ENOTSUP ok " ] || fail "fast zero: got '$out', not 'ENOTSUP ok '"
+    cp base.raw mirror.raw
+    head -c 2048 /dev/zero | dd of=mirror.raw bs=1 seek=4096 conv=notrunc status=none
+    qemu-img compare -q -f qcow2 -F raw img.qcow2 mirror.raw || fail "fast zero: the image reads other data"
+    [ "$(allocated img.qcow2)" = 0 ] || fail "fast zero: data was written"
+    echo "fast zero: of part of a subcluster refused (ENOTSUP), of a whole one done as zero bits"
 fi
