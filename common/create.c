@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "base/keycache.h"
+#include "base/zeros.h"
 #include "format/codec.h"
 #include "format/crypto.h"
 #include "format/header.h"
@@ -50,12 +51,6 @@ create_error (const struct qcow2_log *log, const char *msg)
 {
   if (log && log->error)
     log->error (log->opaque, msg);
-}
-
-static bool
-all_zero (const uint8_t *p, size_t len)
-{
-  return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
 }
 
 int
@@ -243,7 +238,7 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
                   "device");
     goto out;
   }
-  if (!all_zero (buf, cluster_size)) {
+  if (!qcow2_all_zero (buf, cluster_size)) {
     create_error (log, "qcow2-create: the first cluster of the device is not "
                   "all zeros (it may hold an image or a filesystem); refusing "
                   "to format it");
@@ -304,7 +299,7 @@ qcow2_create (struct qcow2_io *io, const struct qcow2_log *log,
         create_error (log, "qcow2-create: cannot read the device");
         goto out;
       }
-      skip[c] = all_zero (buf, cluster_size);
+      skip[c] = qcow2_all_zero (buf, cluster_size);
     }
     else if (opts->growable && (c << bits) >= (uint64_t) device_size)
       skip[c] = 1;

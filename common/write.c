@@ -39,6 +39,7 @@
 #include "meta/writeback.h"
 #include "paths/scratch.h"
 #include "base/lockorder.h"
+#include "base/zeros.h"
 
 /* The paths answered CHANGE_NEEDS_ROOM: the file is full, but clusters
  * released since the last writeback wait for it before they may be
@@ -293,7 +294,7 @@ give_back_zeros_written (struct qcow2_image *img, const uint8_t *buf,
     uint64_t len = offset + count - pos < cluster_size
       ? offset + count - pos : cluster_size;
 
-    if (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0)
+    if (qcow2_all_zero (p, len))
       r = qcow2_discard_data (img, len, pos);
   }
   return r;
