@@ -415,6 +415,34 @@ check_bitmap (struct qcow2_image *img, uint64_t guest_cluster,
   return 0;
 }
 
+static enum subcluster_source
+subcluster_source (const struct qcow2_image *img,
+                   const struct cluster_map *map, uint64_t bitmap,
+                   unsigned sc)
+{
+  if (map->kind == CLUSTER_NORMAL && (bitmap & (UINT64_C (1) << sc)))
+    return SUB_HOST;
+  if ((bitmap & (UINT64_C (1) << (32 + sc))) || img->backing == NULL)
+    return SUB_ZEROS;
+  return SUB_BACKING;
+}
+
+enum subcluster_source
+qcow2_subcluster_run (const struct qcow2_image *img,
+                      const struct cluster_map *map, uint64_t bitmap,
+                      uint64_t pos, uint64_t hi, uint64_t *end)
+{
+  const uint64_t sub = img->header.cluster_size / 32;
+  const enum subcluster_source what = subcluster_source (img, map, bitmap,
+                                                         pos / sub);
+  uint64_t e = (pos / sub + 1) * sub;
+
+  while (e < hi && subcluster_source (img, map, bitmap, e / sub) == what)
+    e += sub;
+  *end = e < hi ? e : hi;
+  return what;
+}
+
 int
 qcow2_classify_fetched (struct qcow2_image *img, uint64_t first, size_t i,
                         const uint64_t *entries, const uint64_t *bitmaps,

@@ -157,6 +157,22 @@ int qcow2_classify_fetched (struct qcow2_image *img, uint64_t first,
                             size_t i, const uint64_t *entries,
                             const uint64_t *bitmaps, struct cluster_map *map);
 
+/* With extended L2 entries, where the guest bytes of a subcluster of a
+ * cluster that is not compressed (MAP, BITMAP) come from: the host
+ * cluster (allocated), zeros (zero, or unallocated without a backing
+ * file), or the backing file.
+ */
+enum subcluster_source { SUB_HOST, SUB_ZEROS, SUB_BACKING };
+
+/* The run of subclusters alike that holds byte POS of such a cluster
+ * (an offset into it): where its bytes come from, and *END, where the
+ * run ends, at HI at the latest (POS < HI <= the cluster size).
+ */
+enum subcluster_source qcow2_subcluster_run (const struct qcow2_image *img,
+                                             const struct cluster_map *map,
+                                             uint64_t bitmap, uint64_t pos,
+                                             uint64_t hi, uint64_t *end);
+
 /* The host bytes compressed MAP is counted in: qemu counts a compressed
  * cluster once in every host cluster its sector-rounded range touches,
  * [*START, *START + *LEN) with *START the sector it begins in.

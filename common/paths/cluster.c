@@ -24,6 +24,7 @@
 #include "paths/encrypt.h"
 #include "paths/scratch.h"
 #include "base/lockorder.h"
+#include "base/zeros.h"
 
 /* What one guest cluster of a piece gets, before the commit is asked. */
 enum plain_action {
@@ -221,12 +222,6 @@ plain_action (const struct qcow2_image *img, enum qcow2_op op,
   return in_place ? PLAIN_IN_PLACE : PLAIN_NEW;
 }
 
-static bool
-all_zero (const uint8_t *p, size_t len)
-{
-  return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
-}
-
 int
 qcow2_read_old_cluster (struct qcow2_image *img, struct qcow2_io *io,
                         struct write_scratch *ws,
@@ -320,32 +315,6 @@ sub_zero (uint64_t bitmap, unsigned sc)
   return bitmap & (UINT64_C (1) << (32 + sc));
 }
 
-bool
-qcow2_sub_reads_as_zeros (const struct qcow2_image *img,
-                          const struct cluster_map *map, uint64_t bitmap,
-                          unsigned sc)
-{
-  if (map->kind == CLUSTER_COMPRESSED || sub_allocated (bitmap, sc))
-    return false;
-  return sub_zero (bitmap, sc) || img->backing == NULL;
-}
-
-/* Where the guest bytes of subcluster SC of a cluster that is not
- * compressed come from.
- */
-enum sub_content { SUB_HOST, SUB_ZEROS, SUB_BACKING };
-
-static enum sub_content
-sub_content (const struct qcow2_image *img, const struct cluster_map *map,
-             uint64_t bitmap, unsigned sc)
-{
-  if (map->kind == CLUSTER_NORMAL && sub_allocated (bitmap, sc))
-    return SUB_HOST;
-  if (sub_zero (bitmap, sc) || img->backing == NULL)
-    return SUB_ZEROS;
-  return SUB_BACKING;
-}
-
 /* Into OUT (a cluster, bytes [FROM, TO) of it), the guest content of the
  * cluster MAP and BITMAP describe, subcluster by subcluster: allocated
  * ones from the host cluster (decrypted), zero ones as zeros, the others
@@ -357,25 +326,15 @@ read_old_subclusters (struct qcow2_image *img, struct qcow2_io *io,
                       uint64_t bitmap, uint64_t guest_cluster, uint8_t *out,
                       uint64_t from, uint64_t to)
 {
-  const uint64_t sub = img->header.cluster_size / 32;
   const uint64_t guest = guest_cluster << img->header.cluster_bits;
   uint64_t pos, end;
   int r = 0;
 
   if (map->kind == CLUSTER_COMPRESSED)
     return qcow2_read_old_cluster (img, io, ws, map, guest_cluster, out);
-  /* A run of subclusters alike at a time; FROM and TO may lie inside
-   * subclusters.
-   */
+  /* FROM and TO may lie inside subclusters. */
   for (pos = from; r == 0 && pos < to; pos = end) {
-    const enum sub_content what = sub_content (img, map, bitmap, pos / sub);
-
-    end = (pos / sub + 1) * sub;
-    while (end < to && sub_content (img, map, bitmap, end / sub) == what)
-      end += sub;
-    if (end > to)
-      end = to;
-    switch (what) {
+    switch (qcow2_subcluster_run (img, map, bitmap, pos, to, &end)) {
     case SUB_HOST:
       r = qcow2_pread_data (img, io, out + pos, end - pos,
                             map->host_offset + pos);
@@ -689,7 +648,8 @@ qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
                                    &len);
 
         zero_flags[i] = whole &&
-          all_zero (buf + (((gc0 + i) << bits) + part_off - offset), len);
+          qcow2_all_zero (buf + (((gc0 + i) << bits) + part_off - offset),
+                          len);
       }
       ch.zeros = zero_flags;
     }
@@ -799,15 +759,12 @@ qcow2_zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
   qcow2_rwlock_rdlock (&img->lock);
   for (i = 0; i < 2 && r == 0; ++i) {
     uint64_t gc = edges[i] >> bits;
-    uint64_t part_off, len;
-    size_t n = 1;
+    uint64_t part_off, len, bitmap;
     struct cluster_map map;
 
     if (cluster_part (img, gc, offset, end, &part_off, &len))
       continue;                 /* whole: metadata only */
-    r = qcow2_l2_entries (img, io, gc, &n, ws->entries, NULL, ws->l2buf);
-    if (r == 0)
-      r = qcow2_classify (img, gc, ws->entries[0], &map);
+    r = look_up_one (img, io, ws, gc, &map, &bitmap);
     if (r == 0 && !qcow2_reads_as_zeros (img, &map))
       *needs = true;
   }

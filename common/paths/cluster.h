@@ -111,13 +111,6 @@ int qcow2_zero_needs_writes (struct qcow2_image *img, struct qcow2_io *io,
 bool qcow2_reads_as_zeros (const struct qcow2_image *img,
                            const struct cluster_map *map);
 
-/* With extended L2 entries: does subcluster SC of the cluster MAP and
- * BITMAP describe read as zeros now?
- */
-bool qcow2_sub_reads_as_zeros (const struct qcow2_image *img,
-                               const struct cluster_map *map, uint64_t bitmap,
-                               unsigned sc);
-
 /* With extended L2 entries, how a zero of [START, END), part of one
  * subcluster, goes, as qemu's qcow2_co_pwrite_zeroes: *WHOLE_SUB if the
  * subcluster is zero or unallocated and the rest of it reads as zeros

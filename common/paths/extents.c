@@ -138,19 +138,16 @@ report_entries (struct report *rep, struct qcow2_io *io, struct request *req,
     if (r < 0)
       break;
     if (img->header.extended_l2 && map.kind != CLUSTER_COMPRESSED) {
-      /* Subcluster by subcluster. */
-      const uint64_t step = (cend - cstart) / 32;
+      /* Subcluster by subcluster, runs of alike ones at once. */
       while (*pos < hi && r == 0) {
-        unsigned x = (*pos - cstart) / step;
-        uint64_t piece_end = cstart + (x + 1) * step;
-        bool allocated = bitmaps[i] & (UINT64_C (1) << x);
-        bool zero = bitmaps[i] & (UINT64_C (1) << (32 + x));
+        uint64_t run_end;
+        enum subcluster_source from =
+          qcow2_subcluster_run (img, &map, bitmaps[i], *pos - cstart,
+                                hi - cstart, &run_end);
 
-        if (piece_end > hi)
-          piece_end = hi;
-        r = report_piece (rep, *pos, piece_end - *pos,
-                          !allocated, !allocated && !zero && has_backing);
-        *pos = piece_end;
+        r = report_piece (rep, *pos, cstart + run_end - *pos,
+                          from != SUB_HOST, from == SUB_BACKING);
+        *pos = cstart + run_end;
       }
       continue;
     }

@@ -123,34 +123,23 @@ read_subclusters (struct read_ctx *rc, const struct cluster_map *map,
                   uint8_t *dst)
 {
   struct qcow2_image *img = rc->img;
-  const uint64_t sub_size = img->header.cluster_size / 32;
-  uint64_t pos = lo;
+  uint64_t pos, end;
   int r = 0;
 
-  while (pos < hi && r == 0) {
-    unsigned x = (pos - cstart) / sub_size;
-    bool allocated = bitmap & (UINT64_C (1) << x);
-    bool zero = bitmap & (UINT64_C (1) << (32 + x));
-    uint64_t end = cstart + (x + 1) * sub_size;
-    uint8_t *d = dst + (pos - lo);
+  for (pos = lo - cstart; pos < hi - cstart && r == 0; pos = end) {
+    uint8_t *d = dst + (cstart + pos - lo);
 
-    /* Take in the following subclusters of the same kind. */
-    while (end < hi) {
-      unsigned y = (end - cstart) / sub_size;
-      if (!!(bitmap & (UINT64_C (1) << y)) != allocated ||
-          !!(bitmap & (UINT64_C (1) << (32 + y))) != zero)
-        break;
-      end += sub_size;
-    }
-    if (end > hi)
-      end = hi;
-    if (allocated)
-      r = add_normal (rc, map->host_offset + (pos - cstart), d, end - pos);
-    else if (!zero && img->backing)
-      r = img->read_backing (img, d, end - pos, pos);
-    else
+    switch (qcow2_subcluster_run (img, map, bitmap, pos, hi - cstart, &end)) {
+    case SUB_HOST:
+      r = add_normal (rc, map->host_offset + pos, d, end - pos);
+      break;
+    case SUB_BACKING:
+      r = img->read_backing (img, d, end - pos, cstart + pos);
+      break;
+    case SUB_ZEROS:
       memset (d, 0, end - pos);
-    pos = end;
+      break;
+    }
   }
   return r;
 }
