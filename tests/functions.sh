@@ -615,6 +615,19 @@ data_file_image ()
         "$1" > io.out || { cat io.out; fail "qemu-io on $1"; }
 }
 
+# nbdkit_refuses LABEL MESSAGE NBDKIT-ARGS...: nbdkit, started with
+# NBDKIT-ARGS (as run_nbdkit runs it), does not serve, and says MESSAGE
+# (a fixed string); its messages are left in refused.out.
+nbdkit_refuses ()
+{
+    local label=$1 msg=$2
+    shift 2
+    if run_nbdkit -U - "$@" --run 'nbdinfo --size "$uri"' > refused.out 2>&1; then
+        cat refused.out; fail "$label: served"
+    fi
+    grep -qF -- "$msg" refused.out || { cat refused.out; fail "$label: not the message '$msg'"; }
+}
+
 # header_u64 IMAGE OFFSET: the big-endian u64 at OFFSET of IMAGE's header.
 header_u64 ()
 {

@@ -10,9 +10,9 @@
 # the data file as qemu places it, and with data_file_raw=on the data
 # file itself equals the guest disk and autoclear bit 1 is kept.  Also:
 # a data file image over a backing file (copy-on-write from it), one
-# LUKS-encrypted, the lazy refcounts mode with a kill -9 (repaired by the next open), the
-# data file locked for writing while served and between clients, and
-# the refusals: compression, data_file_raw over a backing file, a
+# LUKS-encrypted, the lazy refcounts mode with a kill -9 (repaired by
+# the next open), the data file locked for writing while served and
+# between clients, and the refusals: compression, data_file_raw over a backing file, a
 # missing data file, a data file shorter than the tables say (nothing
 # written in any of them).
 source "${top_srcdir:-.}/tests/functions.sh"
@@ -33,17 +33,6 @@ serve ()
     else
         start_nbdkit "$PWD/sock" "$@" "$PLUGIN" "$img"
     fi
-}
-# refused LABEL MESSAGE NBDKIT-ARGS...: nbdkit does not serve, and says
-# MESSAGE.
-refused ()
-{
-    local label=$1 msg=$2
-    shift 2
-    if run_nbdkit -U - "$@" --run 'nbdinfo --size "$uri"' > refused.out 2>&1; then
-        cat refused.out; fail "$label: served"
-    fi
-    grep -qF "$msg" refused.out || { cat refused.out; fail "$label: not the message '$msg'"; }
 }
 # placed IMAGE: every data extent qemu maps lies at its guest offset.
 placed ()
@@ -190,7 +179,7 @@ fi
 if section refusals; then
     data_file_image img.qcow2 data.raw on 65536
     sums=$(sha256sum img.qcow2 data.raw)
-    refused "compress" "an image with an external data file cannot hold compressed clusters" \
+    nbdkit_refuses "compress" "an image with an external data file cannot hold compressed clusters" \
         --filter="$FILTER" file img.qcow2 qcow2-compress=on
     [ "$(sha256sum img.qcow2 data.raw)" = "$sums" ] || fail "compress: a refused open changed a file"
     echo "qcow2-compress=on: $(grep -o 'an image with an external data file cannot.*' refused.out)"
@@ -203,7 +192,7 @@ if section refusals; then
     sums=$(sha256sum img.qcow2 data.raw)
     for form in filter plugin; do
         if [ $form = filter ]; then args=(--filter="$FILTER" file img.qcow2); else args=("$PLUGIN" img.qcow2); fi
-        refused "raw over backing, $form" "Backing file and data-file-raw cannot be used at the same time" "${args[@]}"
+        nbdkit_refuses "raw over backing, $form" "Backing file and data-file-raw cannot be used at the same time" "${args[@]}"
     done
     [ "$(sha256sum img.qcow2 data.raw)" = "$sums" ] || fail "raw over backing: a refused open changed a file"
     echo "data_file_raw over a backing file: refused, $(grep -o 'Backing file and.*' refused.out)"
@@ -212,7 +201,7 @@ if section refusals; then
     data_file_image img.qcow2 data.raw off 65536
     mv data.raw gone.raw
     sums=$(sha256sum img.qcow2)
-    refused "missing data file" "cannot open the data file" --filter="$FILTER" file img.qcow2
+    nbdkit_refuses "missing data file" "cannot open the data file" --filter="$FILTER" file img.qcow2
     [ "$(sha256sum img.qcow2)" = "$sums" ] || fail "missing data file: the image changed"
     [ -e data.raw ] && fail "missing data file: it was created"
     echo "missing data file, writable: $(grep -o 'cannot open the data file.*' refused.out)"

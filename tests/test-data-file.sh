@@ -27,18 +27,6 @@ nbdkit_args ()
         ARGS=("$PLUGIN" "$2")
     fi
 }
-# refused LABEL MESSAGE NBDKIT-ARGS...: nbdkit does not serve, and says
-# MESSAGE.
-refused ()
-{
-    local label=$1 msg=$2
-    shift 2
-    if "${NBDKIT_ENV[@]}" nbdkit -U - "$@" --run 'nbdinfo --size "$uri"' \
-           > refused.out 2>&1; then
-        cat refused.out; fail "$label: served"
-    fi
-    grep -qF "$msg" refused.out || { cat refused.out; fail "$label: not the message '$msg'"; }
-}
 # qemu_map ARGS...: qemu-img map of ARGS as "start length zero data"
 # lines, neighbours alike merged.
 qemu_map ()
@@ -86,13 +74,13 @@ if section refusals; then
     qemu-img create -q -f qcow2 -o "data_file=$PWD/secret/private.raw,data_file_raw=on" evil.qcow2 8M
     mkdir -p served
     mv evil.qcow2 served/
-    refused "data file outside" "is outside the directories data files may be opened from" \
+    nbdkit_refuses "data file outside" "is outside the directories data files may be opened from" \
         -r --filter="$FILTER" file served/evil.qcow2
     echo "a data file outside the image's directory: $(grep -o 'the data file .*' refused.out | head -c 160)..."
 
     # qcow2-data-file= for an image without one.
     qemu-img create -q -f qcow2 plain.qcow2 8M
-    refused "qcow2-data-file, no data file" "'data-file' can only be set for images with an external data file" \
+    nbdkit_refuses "qcow2-data-file, no data file" "'data-file' can only be set for images with an external data file" \
         -r --filter="$FILTER" file plain.qcow2 qcow2-data-file="$PWD/data.raw"
     echo "qcow2-data-file= for an image without a data file: refused"
 fi
@@ -118,7 +106,7 @@ if section override; then
     data_file_image img.qcow2 data.raw off 65536
     mkdir -p elsewhere
     mv data.raw elsewhere/moved.raw
-    refused "missing data file" "cannot open the data file" -r --filter="$FILTER" file img.qcow2
+    nbdkit_refuses "missing data file" "cannot open the data file" -r --filter="$FILTER" file img.qcow2
     echo "missing data file: $(grep -o 'cannot open the data file.*' refused.out)"
     for form in filter plugin; do
         nbdkit_args $form img.qcow2
