@@ -179,8 +179,9 @@ int qcow2_flush (struct qcow2_image *image, struct qcow2_io *io);
  * clean close may do: the persistent bitmaps the image keeps valid are
  * marked consistent (in_use cleared) once their bits are durable, and
  * flushed; in qcow2-lazy-refcounts mode the refcounts are written and
- * the dirty bit cleared, durably.  Call it with no request in flight and none to come until it
- * returns (the glue calls it when the image's last connection leaves).
+ * the dirty bit cleared, durably.  Call it with no request in flight
+ * and none to come until it returns (the glue calls it when the image's
+ * last connection leaves).
  * A write after it marks the bitmaps in use again first; an image closed
  * without it leaves them in use, as a crash does (qemu then reports them
  * inconsistent), and a lazy image dirty (the next open repairs it).

@@ -97,7 +97,8 @@ not_exclusive (void)
   qcow2_rwlock_unlock (&image);
 }
 
-static volatile int zero __attribute__ ((unused)); /* read only by QCOW2_ASSERT, which --enable-debug builds keep */
+/* Read only by QCOW2_ASSERT, which only --enable-debug builds keep. */
+static volatile int zero __attribute__ ((unused));
 
 static void
 invariant (void)
