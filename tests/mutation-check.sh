@@ -74,8 +74,8 @@ lock-released-when-idle | registry_release | any    | before-last:^\s*img->state
 lock-not-taken      | lock_or_report       | any    | start:return 1;                               | test-locking:overlap-* test-locking:between-*
 stale-cluster-cache | qcow2_apply_frees    | any    | replace:^\s*qcow2_cache_drop \(img->cluster_cache, p->cache_key\);:      (void) 0; | test-discard:reuse-cache-*
 backing-read-unclamped | inside            | any    | start:return len;                             | test-backing:odd-backing-*
-zeroes-first-cluster | qcow2_change_range  | any    | replace:^\s*all_zero \(buf \+:          all_zero (buf, len); | test-discard:detect-zeroes-multi test-engine-writeback
-zeroes-misaligned   | qcow2_change_range   | any    | replace:^\s*all_zero \(buf \+:          all_zero (buf + (i << bits) + part_off, len); | test-discard:detect-zeroes-multi test-engine-writeback
+zeroes-first-cluster | qcow2_change_range  | any    | replace:^\s*zero_flags\[i\] = whole && qcow2_all_zero \(buf \+ in_buf, len\);:        (void) in_buf; zero_flags[i] = whole && qcow2_all_zero (buf, len); | test-discard:detect-zeroes-multi test-engine-writeback
+zeroes-misaligned   | qcow2_change_range   | any    | replace:^\s*zero_flags\[i\] = whole && qcow2_all_zero \(buf \+ in_buf, len\);:        (void) in_buf; zero_flags[i] = whole && qcow2_all_zero (buf + (i << bits) + part_off, len); | test-discard:detect-zeroes-multi test-engine-writeback
 lazy-without-dirty-bit | dirty_bit_wanted  | any    | start:return false;                           | test-lazy-mode
 lazy-without-dirty-bit | refcounts_deferred | any   | start:return img->opts.lazy_refcounts;        |
 lazy-close-no-refcounts | qcow2_writeback_clean | any | replace:^\s*r = writeback_serialized \(img, io, true, true\);:    r = writeback_serialized (img, io, true, false); | test-lazy-mode

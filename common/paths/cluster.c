@@ -646,10 +646,9 @@ qcow2_change_range (struct qcow2_image *img, struct qcow2_io *io,
         uint64_t part_off, len;
         bool whole = cluster_part (img, gc0 + i, offset, end, &part_off,
                                    &len);
+        uint64_t in_buf = ((gc0 + i) << bits) + part_off - offset;
 
-        zero_flags[i] = whole &&
-          qcow2_all_zero (buf + (((gc0 + i) << bits) + part_off - offset),
-                          len);
+        zero_flags[i] = whole && qcow2_all_zero (buf + in_buf, len);
       }
       ch.zeros = zero_flags;
     }
