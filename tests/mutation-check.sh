@@ -4,22 +4,23 @@
 #
 #     bash tests/mutation-check.sh [BREAK...]
 #
-# CI runs it (.ci/run); by hand it takes a while: every break rebuilds
-# the tree and runs its tests.  It copies the source tree (the files git
-# knows, with their uncommitted changes) to a scratch directory, builds
-# it once, runs every test named below on the unbroken tree (the
-# baseline: none may fail), then applies each break in turn, rebuilds,
-# runs the tests that claim to cover it and restores the file.  It
-# prints a table: break, the tests that failed of those run, how long
-# they took, where the break was applied.  A break no test catches, or
-# that cannot be applied any more (the function it names is gone or no
-# longer has the line it changes), makes the exit status 1.
+# Every break rebuilds the tree and runs its tests, so by hand it takes
+# a while.  It copies the source tree (the files git knows, with their
+# uncommitted changes) to a scratch directory, builds it once, runs every
+# test named below on the unbroken tree (the baseline: none may fail),
+# then applies each break in turn, rebuilds, runs the tests that claim to
+# cover it and restores the file.  It prints a table: break, the tests
+# that failed of those run, how long they took, where the break was
+# applied.  A break no test catches, or that cannot be applied any more
+# (the function it names is gone or no longer has the line it changes),
+# makes the exit status 1.
 #
 # A test is named as a make check target would be (test-backing, or
 # test-engine-write for a unit test), or as TEST:GLOB to run only the
 # parts of the test whose section name matches GLOB (QCOW2ZSTD_SECTIONS,
 # tests/functions.sh): a break is then caught by the part written for it,
-# without the rest of a long test.
+# without the rest of a long test.  Each row lists its tests cheapest
+# first, for MUTATION_FIRST below.
 #
 # Breaks find their target by the name of the function, wherever it is
 # defined under common/, nbdkit-glue/, filters/ or plugins/ (so they
@@ -31,10 +32,17 @@
 #
 # Environment: MUTATION_DIR (scratch directory, default a new one under
 # $TMPDIR; kept with KEEP=1), MUTATION_JOBS (make -j, default 2).
-# MUTATION_BUILD=DIR (CI): no copy; DIR is a configured build of this
-# very tree, which must have no uncommitted change under the folders the
+# MUTATION_BUILD=DIR: no copy; DIR is a configured build of this very
+# tree, which must have no uncommitted change under the folders the
 # breaks patch: the breaks are applied to it in place, and every file is
 # restored as git has it, at the end of each break and on any exit.
+# CI (.ci/run) runs every row this way, after its sanitizer stage ran the
+# whole suite on the same tree, with two settings that keep the stage in
+# minutes: MUTATION_BASELINE=no (no baseline run here: that stage was
+# it, and CI runs this stage only when it passed) and MUTATION_FIRST=1
+# (a row's tests run one at a time, in the order listed, until one
+# fails: the table then names the test that caught the break and how
+# many of the row's tests ran).
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,25 +55,25 @@ jobs=${MUTATION_JOBS:-2}
 #           replace:RE:TEXT        every body line matching RE becomes TEXT
 # Several rows of the same name make one break (all applied together).
 BREAKS=$(cat <<'EOF'
-writes-do-nothing   | qcow2_write          | any    | start:return 0;                               | test-write-random test-hostile test-faults test-crash test-plugin test-qemu-client test-backing test-engine-write
-writes-fail         | qcow2_write          | any    | start:return -EIO;                            | test-write-random test-hostile test-faults test-crash test-plugin test-qemu-client test-engine-write
-compressed-reads-zeros | qcow2_decode_cluster | any | start:memset (out, 0, out_len); return 0;     | test-read-matrix test-hostile test-parallel test-plugin test-codec
-flush-noop-filter   | qcow2zstd_flush      | filter | start:return 0;                               | test-crash test-faults test-shared
-flush-noop-plugin   | qcow2zstd_flush      | plugin | start:return 0;                               | test-plugin test-debug test-plugin-durability
-abort-at-unload     | qcow2zstd_unload     | filter | start:__builtin_abort ();                     | test-qemu-client test-debug test-backing test-man-examples test-hostile test-mount-kernel
-abort-at-unload-plugin | qcow2zstd_unload  | plugin | start:__builtin_abort ();                     | test-plugin test-debug test-plugin-durability
-abort-at-finalize   | qcow2zstd_finalize   | filter | before-last:^\s*return 0;:__builtin_abort (); | test-backing test-mount test-qemu-client test-write-random
-hang-at-unload      | qcow2zstd_unload     | filter | start:{ extern int pause (void); for (;;) pause (); } | test-qemu-client test-debug test-backing
+writes-do-nothing   | qcow2_write          | any    | start:return 0;                               | test-qemu-client test-plugin test-engine-write test-backing test-faults test-write-random test-crash test-hostile
+writes-fail         | qcow2_write          | any    | start:return -EIO;                            | test-qemu-client test-plugin test-engine-write test-faults test-write-random test-crash test-hostile
+compressed-reads-zeros | qcow2_decode_cluster | any | start:memset (out, 0, out_len); return 0;     | test-plugin test-codec test-parallel test-read-matrix test-hostile
+flush-noop-filter   | qcow2zstd_flush      | filter | start:return 0;                               | test-shared test-faults test-crash
+flush-noop-plugin   | qcow2zstd_flush      | plugin | start:return 0;                               | test-debug test-plugin test-plugin-durability
+abort-at-unload     | qcow2zstd_unload     | filter | start:__builtin_abort ();                     | test-debug test-qemu-client test-backing test-mount-kernel test-man-examples test-hostile
+abort-at-unload-plugin | qcow2zstd_unload  | plugin | start:__builtin_abort ();                     | test-debug test-plugin test-plugin-durability
+abort-at-finalize   | qcow2zstd_finalize   | filter | before-last:^\s*return 0;:__builtin_abort (); | test-qemu-client test-mount test-backing test-write-random
+hang-at-unload      | qcow2zstd_unload     | filter | start:{ extern int pause (void); for (;;) pause (); } | test-debug test-qemu-client test-backing
 dropped-write-errors | next_pwrite         | any    | replace:^\s*return -\(:      return 0;        | test-faults test-create
-trims-do-nothing    | qcow2_trim           | any    | start:return 0;                               | test-write-random test-hostile test-backing test-qemu-client test-engine-write
-l2-not-written      | qcow2_dirty_copy_write | any    | start:return 0;                               | test-write-random test-crash test-qemu-client test-plugin test-engine-writeback
-fua-ignored         | qcow2_write          | any    | start:fua = false;                            | test-stacks test-crash test-plugin-durability
-fua-ignored         | qcow2_zero           | any    | start:fua = false;                            |
-fua-ignored         | qcow2_trim           | any    | start:fua = false;                            |
-discard-too-early   | writeback_serialized | any    | before-last:^\s*/\* 2\. L2 tables:qcow2_rwlock_wrlock (&img->lock); if (releases && qcow2_apply_frees (img, io, &c.frees) == 0 && qcow2_alloc_released (img)) (void) qcow2_alloc_reuse_released (img, io); releases = false; qcow2_rwlock_unlock (&img->lock); | test-power-loss
-snapshot-cow-skipped | owned_alone         | any    | start:*alone = map->kind == CLUSTER_NORMAL; return 0; | test-snapshots test-engine-snapshots test-power-loss
-snapshot-l2-in-place | table_shared        | any    | start:*shared = false; *refcount = 1; return 0; | test-snapshots test-engine-snapshots
-plaintext-encrypted | qcow2_sectors_encrypt | any    | start:return 0;                               | test-encrypted test-engine-luks test-power-loss
+trims-do-nothing    | qcow2_trim           | any    | start:return 0;                               | test-qemu-client test-engine-write test-backing test-write-random test-hostile
+l2-not-written      | qcow2_dirty_copy_write | any    | start:return 0;                               | test-qemu-client test-plugin test-engine-writeback test-write-random test-crash
+fua-ignored         | qcow2_write          | any    | start:fua = false;                            | test-plugin-durability test-stacks test-crash
+fua-ignored         | qcow2_zero           | any    | start:fua = false;                            | 
+fua-ignored         | qcow2_trim           | any    | start:fua = false;                            | 
+discard-too-early   | writeback_serialized | any    | before-last:^\s*/\* 2\. L2 tables:qcow2_rwlock_wrlock (&img->lock); if (releases && qcow2_apply_frees (img, io, &c.frees) == 0 && qcow2_alloc_released (img)) (void) qcow2_alloc_reuse_released (img, io); releases = false; qcow2_rwlock_unlock (&img->lock); | test-power-loss:*-reuse-freed test-power-loss:*-discard-*
+snapshot-cow-skipped | owned_alone         | any    | start:*alone = map->kind == CLUSTER_NORMAL; return 0; | test-engine-snapshots test-snapshots test-power-loss:*-snapshots
+snapshot-l2-in-place | table_shared        | any    | start:*shared = false; *refcount = 1; return 0; | test-engine-snapshots test-snapshots
+plaintext-encrypted | qcow2_sectors_encrypt | any    | start:return 0;                               | test-engine-luks test-encrypted test-power-loss:*-encrypted
 encrypted-sector-race | qcow2_change_range | any    | replace:^\s*\.claim_in_place = qcow2_image_encrypted:    .claim_in_place = false, | test-engine-luks
 overlap-unchecked   | qcow2_regions_overlap | any   | start:return QCOW2_REGION_NONE;               | test-overlap test-fuzz-corpus
 corrupt-data-trusted | check_data          | any    | start:return COMMIT_STEP_NEXT;                       | test-overlap
@@ -77,7 +85,7 @@ backing-read-unclamped | inside            | any    | start:return len;         
 zeroes-first-cluster | qcow2_change_range  | any    | replace:^\s*zero_flags\[i\] = whole && qcow2_all_zero \(buf \+ in_buf, len\);:        (void) in_buf; zero_flags[i] = whole && qcow2_all_zero (buf, len); | test-discard:detect-zeroes-multi test-engine-writeback
 zeroes-misaligned   | qcow2_change_range   | any    | replace:^\s*zero_flags\[i\] = whole && qcow2_all_zero \(buf \+ in_buf, len\);:        (void) in_buf; zero_flags[i] = whole && qcow2_all_zero (buf + (i << bits) + part_off, len); | test-discard:detect-zeroes-multi test-engine-writeback
 lazy-without-dirty-bit | dirty_bit_wanted  | any    | start:return false;                           | test-lazy-mode
-lazy-without-dirty-bit | refcounts_deferred | any   | start:return img->opts.lazy_refcounts;        |
+lazy-without-dirty-bit | refcounts_deferred | any   | start:return img->opts.lazy_refcounts;        | 
 lazy-close-no-refcounts | qcow2_writeback_clean | any | replace:^\s*r = writeback_serialized \(img, io, true, true\);:    r = writeback_serialized (img, io, true, false); | test-lazy-mode
 create-order        | qcow2_create         | any    | replace:^  r = io->flush \(io->opaque\);:  r = 0; | test-engine-writeback test-power-loss:*-create
 create-header-unflushed | qcow2_create     | any    | replace:^    r = io->flush \(io->opaque\);:    r = 0; | test-engine-writeback test-power-loss:*-create
@@ -306,20 +314,24 @@ tests_of ()
 
 # The baseline: every test named, on the unbroken tree.
 all_tests=$(for n in "${names[@]}"; do tests_of "$n"; done | tr ' ' '\n' | sort -u | xargs)
-echo "baseline: $all_tests"
-start=$SECONDS
-# shellcheck disable=SC2086
-plan_tests $all_tests
-build baseline || { tail -n 30 "$log/baseline.build"; exit 1; }
-baseline=$(run_tests baseline)
-if [ -n "$baseline" ]; then
-    echo "baseline: these tests fail without any break: $baseline (logs in $log)"
-    for t in $baseline; do
-        echo "===== $t"; tail -n 40 "$log/baseline.$t.log" 2>/dev/null || true
-    done
-    exit 1
+if [ "${MUTATION_BASELINE:-yes}" = no ]; then
+    echo "baseline: not run here (MUTATION_BASELINE=no: the caller ran these tests on this tree): $all_tests"
+else
+    echo "baseline: $all_tests"
+    start=$SECONDS
+    # shellcheck disable=SC2086
+    plan_tests $all_tests
+    build baseline || { tail -n 30 "$log/baseline.build"; exit 1; }
+    baseline=$(run_tests baseline)
+    if [ -n "$baseline" ]; then
+        echo "baseline: these tests fail without any break: $baseline (logs in $log)"
+        for t in $baseline; do
+            echo "===== $t"; tail -n 40 "$log/baseline.$t.log" 2>/dev/null || true
+        done
+        exit 1
+    fi
+    echo "baseline: every test passes ($(( SECONDS - start )) s)"
 fi
-echo "baseline: every test passes ($(( SECONDS - start )) s)"
 
 status=0
 rows=()
@@ -345,7 +357,22 @@ for n in "${names[@]}"; do
         continue
     fi
     start=$SECONDS
-    failed=$(run_tests "$n")
+    if [ "${MUTATION_FIRST:-0}" = 1 ]; then
+        # One test at a time, until one fails.
+        failed='' ran=()
+        for t in $tests; do
+            ran+=("$t")
+            plan_tests "$t"
+            t0=$SECONDS
+            failed=$(run_tests "$n")
+            echo "    $t: ${failed:+failed, }$(( SECONDS - t0 )) s"
+            [ -z "$failed" ] || break
+        done
+    else
+        failed=$(run_tests "$n")
+        # shellcheck disable=SC2206
+        ran=($tests)
+    fi
     took=$(( SECONDS - start ))
     restore
     if [ -n "$failed" ]; then
@@ -354,14 +381,18 @@ for n in "${names[@]}"; do
         verdict="NOT CAUGHT"
         status=1
     fi
-    echo "--- $n: failed: ${failed:-none} (${took} s)"
-    rows+=("$n|$where|$tests|${failed:-none}|$verdict|$took")
+    echo "--- $n: failed: ${failed:-none} (${#ran[@]} of $(wc -w <<<"$tests") tests run, ${took} s)"
+    rows+=("$n|$where|${ran[*]}|${failed:-none}|$verdict|$took")
 done
 # The restored tree builds again (and the last break's files are back).
 make -C "$build" -j"$jobs" > "$log/final.build" 2>&1 || true
 
 echo
-echo "mutation table: every break, the tests that caught it of those that claim it, their time"
+if [ "${MUTATION_FIRST:-0}" = 1 ]; then
+    echo "mutation table: every break, the test that caught it (N/M: the row's first M tests ran, N failed), their time"
+else
+    echo "mutation table: every break, the tests that caught it of those that claim it, their time"
+fi
 printf '%-24s %-8s %6s  %-s\n' "break" "caught" "time" "tests that failed (where the break was applied)"
 for r in "${rows[@]}"; do
     IFS='|' read -r n where tests failed verdict took <<<"$r"
