@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "qcow2.h"
+#include "meta/corrupt.h"
 #include "session.h"
 #include "unit.h"
 #include "util.h"
@@ -1197,6 +1198,66 @@ test_first_change (void)
   session_close (&s);
 }
 
+/* A header write of the dirty bit (qcow2-lazy-refcounts' first change)
+ * and the corrupt bit of another request's write, which checks no lock
+ * (meta/corrupt.h), may go out together.  When the mark's bytes land
+ * first, the dirty bit's bytes (made before the mark) would clear the
+ * corrupt bit on disk: the engine sets it again, and the write fails.
+ */
+struct mark_during {
+  struct session *s;
+  bool marked;
+};
+
+static void
+mark_during_header_write (struct mem_io *m, uint64_t offset, size_t count,
+                          void *arg)
+{
+  struct mark_during *h = arg;
+
+  /* The incompatible features: bytes 72 to 79 of the header. */
+  if (h->marked || offset > 72 || offset + count < 80)
+    return;
+  h->marked = true;
+  (void) qcow2_mark_corrupt (h->s->img, &m->io, "a write of this test "
+                             "found metadata where it would land");
+}
+
+static void
+test_corrupt_bit_kept (void)
+{
+  const struct new_image spec = {
+    3, 16, 4, QCOW2_COMPRESSION_ZLIB, 4 * MiB, 4 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  struct mark_during h = { 0 };
+  uint8_t buf[4096];
+  struct session s;
+  unsigned seen = 0;
+
+  opts.writable = true;
+  opts.lazy_refcounts = true;
+  CHECK_EQ (session_open_new (&s, &spec, 0, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    return;
+  }
+  h.s = &s;
+  s.mio.pwrite_hook = mark_during_header_write;
+  s.mio.pwrite_hook_arg = &h;
+  fill_pattern (buf, sizeof buf, 3);
+  CHECK_EQ (do_write (&s, buf, sizeof buf, 0, false), -EIO);
+  CHECK (h.marked);
+  CHECK (logged (&s, &seen));
+  CHECK (get64 (s.mio.data + 72) & QCOW2_INCOMPAT_CORRUPT);
+  CHECK (get64 (s.mio.data + 72) & QCOW2_INCOMPAT_DIRTY);
+  /* ... and stays set: nothing is written any more. */
+  CHECK_EQ (do_write (&s, buf, sizeof buf, 0, false), -EIO);
+  CHECK (get64 (s.mio.data + 72) & QCOW2_INCOMPAT_CORRUPT);
+  s.mio.pwrite_hook = NULL;
+  session_close (&s);
+}
+
 /* qcow2-create's order, read from the log: every write of the new
  * image's tables reaches the storage, and then a flush, before the one
  * write of the header that gives them meaning, and that write is flushed
@@ -1281,6 +1342,7 @@ main (void)
   test_concurrent (false, true);
   test_concurrent (true, true);
   test_first_change ();
+  test_corrupt_bit_kept ();
   test_reclaim_plain ();
   test_reclaim_compressed ();
   test_grace_period ();

@@ -14,15 +14,34 @@
 #include "meta/regions.h"
 
 int
+qcow2_corrupt_bit_write (struct qcow2_image *img, struct qcow2_io *io,
+                         uint64_t incompatible)
+{
+  struct qcow2_header marked = { 0 };
+  struct qcow2_field_bytes field;
+  int r;
+
+  /* The bit alone, written past every check of meta/hostio.c (which now
+   * refuses writes), as qemu writes it.
+   */
+  marked.incompatible_features = incompatible | QCOW2_INCOMPAT_CORRUPT;
+  qcow2_header_field (&marked, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
+  r = io->pwrite ? io->pwrite (io->opaque, field.bytes, field.len,
+                               field.offset) : -EROFS;
+  if (r == 0)
+    r = io->flush (io->opaque);
+  if (r < 0)
+    qcow2_error (img, "setting the corrupt bit failed: %s", strerror (-r));
+  return r;
+}
+
+int
 qcow2_mark_corrupt (struct qcow2_image *img, struct qcow2_io *io,
                     const char *fmt, ...)
 {
-  struct qcow2_field_bytes field;
-  struct qcow2_header marked;
   bool already = false;
   char why[768];
   va_list ap;
-  int r;
 
   va_start (ap, fmt);
   vsnprintf (why, sizeof why, fmt, ap);
@@ -34,18 +53,12 @@ qcow2_mark_corrupt (struct qcow2_image *img, struct qcow2_io *io,
   qcow2_error (img, "Marking image as corrupt: %s; further writes are "
                "refused, reads go on (check the image with qemu-img check "
                "-r all)", why);
-  /* The bit alone, written past every check of meta/hostio.c (which now
-   * refuses writes), as qemu writes it.
+  /* The caller may hold no image lock, and the dirty bit changes under
+   * it held exclusively: read atomically (the writers change it so).
    */
-  marked = img->header;
-  marked.incompatible_features |= QCOW2_INCOMPAT_CORRUPT;
-  qcow2_header_field (&marked, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
-  r = io->pwrite ? io->pwrite (io->opaque, field.bytes, field.len,
-                               field.offset) : -EROFS;
-  if (r == 0)
-    r = io->flush (io->opaque);
-  if (r < 0)
-    qcow2_error (img, "setting the corrupt bit failed: %s", strerror (-r));
+  (void) qcow2_corrupt_bit_write (img, io,
+                                  __atomic_load_n (&img->header.incompatible_features,
+                                                   __ATOMIC_RELAXED));
   return -EIO;
 }
 

@@ -12,9 +12,11 @@
  * file.  qemu then refuses to open the image read-write until it is
  * checked with qemu-img check -r, and so does the engine.
  *
- * Offers: qcow2_mark_corrupt, qcow2_corrupt_overlap.
+ * Offers: qcow2_mark_corrupt, qcow2_corrupt_overlap,
+ * qcow2_corrupt_bit_write.
  * Locks: none taken; callable with any lock held (the header is written
- * once, by whoever marks first).
+ * once, by whoever marks first, and again by a header write of the dirty
+ * bit that may have raced with it).
  * Needs: the image's header, its storage, the log, the region names.
  */
 #ifndef QCOW2_CORRUPT_H
@@ -32,6 +34,15 @@
 int qcow2_mark_corrupt (struct qcow2_image *img, struct qcow2_io *io,
                         const char *fmt, ...)
   __attribute__ ((format (printf, 3, 4)));
+
+/* Write the header's incompatible features as INCOMPATIBLE with the
+ * corrupt bit set, and flush: for qcow2_mark_corrupt, and for a header
+ * write of those features (meta/hostio.c) that finds the image marked
+ * once it has gone out, and so may have landed after the mark and
+ * cleared the bit.  0, or -errno after logging.
+ */
+int qcow2_corrupt_bit_write (struct qcow2_image *img, struct qcow2_io *io,
+                             uint64_t incompatible);
 
 /* A write of LEN bytes of WHAT at host offset HOST would have landed on
  * metadata of kind OTHER at host offset WHERE: refuse it, in qemu's

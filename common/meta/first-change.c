@@ -79,6 +79,7 @@ qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
   }
   img->header.autoclear_features = keep;
   if (set_dirty)
-    img->header.incompatible_features |= QCOW2_INCOMPAT_DIRTY;
+    __atomic_fetch_or (&img->header.incompatible_features,
+                       QCOW2_INCOMPAT_DIRTY, __ATOMIC_RELAXED);
   return 0;
 }

@@ -210,14 +210,24 @@ qcow2_pwrite_dirty_bit (struct qcow2_image *img, struct qcow2_io *io,
 {
   struct qcow2_header changed = img->header;
   struct qcow2_field_bytes field;
+  int r;
 
   if (dirty)
     changed.incompatible_features |= QCOW2_INCOMPAT_DIRTY;
   else
     changed.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
   qcow2_header_field (&changed, QCOW2_FIELD_INCOMPATIBLE_FEATURES, &field);
-  return qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
-                            field.len, field.offset);
+  r = qcow2_pwrite_meta (img, io, QCOW2_REGION_HEADER, field.bytes,
+                         field.len, field.offset);
+  /* Marked corrupt meanwhile, by a write that holds no lock: the mark's
+   * header write may have gone out before these bytes, which then
+   * cleared the corrupt bit on disk.  Set it again, over them.
+   */
+  if (r == 0 && atomic_load (&img->corrupt)) {
+    (void) qcow2_corrupt_bit_write (img, io, changed.incompatible_features);
+    r = -EIO;
+  }
+  return r;
 }
 
 int

@@ -71,8 +71,10 @@ struct qcow2_image {
    * image lock held exclusively by the module that writes it: the
    * refcount table's place (meta/refcount.c), the autoclear bits and
    * the dirty bit of qcow2-lazy-refcounts (meta/first-change.c, cleared
-   * by meta/writeback.c), the corrupt bit (meta/hostio.c).  When a
-   * snapshot is served, l1_size and l1_table_offset are the snapshot's.
+   * by meta/writeback.c; changed atomically, since meta/corrupt.c reads
+   * it with no lock held).  The corrupt bit is set on disk only
+   * (meta/corrupt.c).  When a snapshot is served, l1_size and
+   * l1_table_offset are the snapshot's.
    */
   struct qcow2_header header;
   struct qcow2_log log;

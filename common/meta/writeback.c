@@ -253,7 +253,8 @@ clear_dirty_bit (struct qcow2_image *img, struct qcow2_io *io, bool *cleared)
     if (r == 0)
       r = qcow2_flush_logged (img, io);
     if (r == 0) {
-      img->header.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+      __atomic_fetch_and (&img->header.incompatible_features,
+                          ~QCOW2_INCOMPAT_DIRTY, __ATOMIC_RELAXED);
       *cleared = true;
     }
   }
