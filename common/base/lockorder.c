@@ -199,4 +199,11 @@ qcow2_lock_assert_held (const void *lock, const char *name, bool exclusive)
             : "a caller's contract: not holding", name, 0);
 }
 
+void
+qcow2_lock_assert_not_held (const void *lock, const char *name)
+{
+  if (find (lock) != NULL)
+    broken ("a caller's contract: held across device I/O:", name, 0);
+}
+
 #endif /* QCOW2_DEBUG */

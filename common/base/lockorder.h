@@ -121,6 +121,8 @@ void qcow2_lock_released (const void *lock, const char *name);
  */
 void qcow2_lock_assert_held (const void *lock, const char *name,
                              bool exclusive);
+/* Abort if the calling thread holds LOCK in any way. */
+void qcow2_lock_assert_not_held (const void *lock, const char *name);
 #else
 static inline void
 qcow2_lock_taking (const void *lock, enum qcow2_lock_rank rank,
@@ -138,6 +140,10 @@ qcow2_lock_released (const void *lock, const char *name)
 }
 static inline void
 qcow2_lock_assert_held (const void *lock, const char *name, bool exclusive)
+{
+}
+static inline void
+qcow2_lock_assert_not_held (const void *lock, const char *name)
 {
 }
 #endif
@@ -200,6 +206,12 @@ static inline void
 qcow2_rwlock_assert_held (const struct qcow2_rwlock *l, bool exclusive)
 {
   qcow2_lock_assert_held (l, l->name, exclusive);
+}
+
+static inline void
+qcow2_rwlock_assert_not_held (const struct qcow2_rwlock *l)
+{
+  qcow2_lock_assert_not_held (l, l->name);
 }
 
 /* pthread_cond_wait on M, which the caller holds; it holds it again on

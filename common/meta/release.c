@@ -11,6 +11,7 @@
 #include "meta/pack.h"
 #include "meta/alloc-internal.h"
 #include "base/cache.h"
+#include "base/check.h"
 #include "base/inflight.h"
 #include "meta/log.h"
 #include "meta/refcount.h"
@@ -289,42 +290,72 @@ cut_free_tail (struct qcow2_image *img, struct qcow2_io *io,
 }
 
 int
-qcow2_alloc_reuse_released (struct qcow2_image *img, struct qcow2_io *io)
+qcow2_alloc_cut_released (struct qcow2_image *img, struct qcow2_io *io,
+                          struct qcow2_release_plan *plan)
 {
   struct qcow2_allocator *a = img->alloc;
-  uint64_t storage_end = img->file_size, discarded = 0;
-  size_t i;
   int r;
 
-  if (a->nreleased == 0)
+  qcow2_rwlock_assert_held (&img->lock, true);
+  plan->runs = a->nreleased;
+  plan->storage_end = img->file_size;
+  plan->discard = false;
+  if (a->nreleased == 0 || img->opts.discard != QCOW2_DISCARD_UNMAP)
     return 0;
-  if (img->opts.discard == QCOW2_DISCARD_UNMAP) {
-    if (img->opts.growable) {
-      int64_t size = io->size (io->opaque);
-      if (size < 0) {
-        qcow2_error (img, "cannot get the size of the image: %s",
-                     strerror ((int) -size));
-        return (int) size;
-      }
-      if ((uint64_t) size < storage_end)
-        storage_end = size;
-      if (io->truncate) {
-        r = cut_free_tail (img, io, &storage_end);
-        if (r < 0)
-          return r;
+  if (img->opts.growable) {
+    int64_t size = io->size (io->opaque);
+    if (size < 0) {
+      qcow2_error (img, "cannot get the size of the image: %s",
+                   strerror ((int) -size));
+      plan->runs = 0;
+      return (int) size;
+    }
+    if ((uint64_t) size < plan->storage_end)
+      plan->storage_end = size;
+    if (io->truncate) {
+      r = cut_free_tail (img, io, &plan->storage_end);
+      if (r < 0) {
+        plan->runs = 0;
+        return r;
       }
     }
-    if (io->discard)
-      for (i = 0; i < a->nreleased; ++i)
-        discard_run (img, io, &a->released[i], storage_end, &discarded);
-    if (discarded)
-      qcow2_debug_if (img, QCOW2_DEBUG_MAP, "discarded %" PRIu64 " bytes "
-                      "of released clusters in %zu ranges", discarded,
-                      a->nreleased);
   }
-  for (i = 0; i < a->nreleased; ++i)
+  plan->discard = io->discard != NULL;
+  return 0;
+}
+
+void
+qcow2_alloc_discard_released (struct qcow2_image *img, struct qcow2_io *io,
+                              const struct qcow2_release_plan *plan)
+{
+  struct qcow2_allocator *a = img->alloc;
+  uint64_t discarded = 0;
+  size_t i;
+
+  /* The whole point of the split: readers and writers go on meanwhile. */
+  qcow2_rwlock_assert_not_held (&img->lock);
+  if (!plan->discard)
+    return;
+  for (i = 0; i < plan->runs; ++i)
+    discard_run (img, io, &a->released[i], plan->storage_end, &discarded);
+  if (discarded)
+    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "discarded %" PRIu64 " bytes "
+                    "of released clusters in %zu ranges", discarded,
+                    plan->runs);
+}
+
+void
+qcow2_alloc_reuse_released (struct qcow2_image *img,
+                            const struct qcow2_release_plan *plan)
+{
+  struct qcow2_allocator *a = img->alloc;
+  size_t i;
+
+  qcow2_rwlock_assert_held (&img->lock, true);
+  /* Only a writeback adds runs, and the caller is the writeback. */
+  QCOW2_ASSERT (plan->runs == a->nreleased);
+  for (i = 0; i < plan->runs; ++i)
     if (a->released[i].first < a->free_hint)
       a->free_hint = a->released[i].first;
   a->nreleased = 0;
-  return 0;
 }

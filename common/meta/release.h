@@ -20,7 +20,8 @@
  * qcow2_frees_mark, qcow2_apply_frees, qcow2_return_frees,
  * qcow2_pending_frees) and the clusters held back
  * (qcow2_alloc_released, qcow2_alloc_reuse_released).
- * Locks: every call with the image lock held exclusively.
+ * Locks: every call with the image lock held exclusively, but
+ * qcow2_alloc_discard_released, with none.
  * Needs: the refcounts, the regions, the allocator's packing, the
  * cluster cache (released compressed clusters leave it), the grace
  * periods, host I/O (and the storage's discard and truncate).
@@ -28,6 +29,7 @@
 #ifndef QCOW2_RELEASE_H
 #define QCOW2_RELEASE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -89,15 +91,40 @@ size_t qcow2_pending_frees (const struct qcow2_image *img);
 /* Runs of released clusters held back from allocation. */
 size_t qcow2_alloc_released (const struct qcow2_image *img);
 
-/* The released clusters become reusable: call only once their refcount
- * of 0 is durable (written back and flushed) and no operation can read
- * or write them any more (the grace period their releases waited for in
- * the writeback has passed: qcow2_apply_frees comes after it).  With
- * qcow2-discard=unmap they are discarded first, and storage that grows is cut after its last cluster
- * in use.  A failed discard or cut is only a debug message.  0, or
- * -errno after logging (the size of growable storage unknown; the
- * clusters stay held).
+/* The released clusters become reusable once their refcount of 0 is
+ * durable (written back and flushed) and no operation can read or write
+ * them any more (the grace period their releases waited for in the
+ * writeback has passed: qcow2_apply_frees comes after it).  With
+ * qcow2-discard=unmap they are discarded first, and storage that grows
+ * is cut after its last cluster in use; a failed discard or cut is only a
+ * debug message.  Three calls, by the writeback alone (with the
+ * writeback lock held, so that the runs held do not change under them),
+ * so that the discards go out with no image lock held:
+ *
+ *   qcow2_alloc_cut_released   image lock held exclusively: the cut,
+ *                              and in *PLAN the runs to discard and
+ *                              where the storage ends.  0, or -errno
+ *                              after logging (the size of growable
+ *                              storage unknown: nothing to do, the
+ *                              clusters stay held).
+ *   qcow2_alloc_discard_released  no image lock held: the discards (the
+ *                              clusters are still held back from
+ *                              allocation, and nothing refers to them).
+ *   qcow2_alloc_reuse_released image lock held exclusively: the runs of
+ *                              PLAN can be handed out again.
  */
-int qcow2_alloc_reuse_released (struct qcow2_image *img, struct qcow2_io *io);
+struct qcow2_release_plan {
+  size_t runs;                  /* the first RUNS runs held */
+  uint64_t storage_end;         /* nothing is discarded from here on */
+  bool discard;                 /* qcow2-discard=unmap, storage that can */
+};
+
+int qcow2_alloc_cut_released (struct qcow2_image *img, struct qcow2_io *io,
+                              struct qcow2_release_plan *plan);
+void qcow2_alloc_discard_released (struct qcow2_image *img,
+                                   struct qcow2_io *io,
+                                   const struct qcow2_release_plan *plan);
+void qcow2_alloc_reuse_released (struct qcow2_image *img,
+                                 const struct qcow2_release_plan *plan);
 
 #endif /* QCOW2_RELEASE_H */

@@ -209,15 +209,26 @@ writeback_serialized (struct qcow2_image *img, struct qcow2_io *io,
    * and past the grace period their releases waited for in step 3 (only
    * this writeback, under the writeback lock, applies releases, so every
    * held cluster was applied after its wait): discard them, then they
-   * may be handed out again.  Under the image lock, since the allocator
-   * and the file's size change.  Only this function holds clusters back,
-   * so with neither releases nor held clusters there is nothing to do.
+   * may be handed out again.  The file's size and the allocator change
+   * under the image lock; the discards go out between, with no image
+   * lock held (the clusters are still held back, and this writeback
+   * alone changes what is held), so that a trim of the guest never
+   * stops its readers and writers for a device round trip.  Only this
+   * function holds clusters back, so with neither releases nor held
+   * clusters there is nothing to do.
    */
   if (r == 0 && (releases || held)) {
+    struct qcow2_release_plan plan;
+
     qcow2_rwlock_wrlock (&img->lock);
-    if (qcow2_alloc_released (img))
-      r = qcow2_alloc_reuse_released (img, io);
+    r = qcow2_alloc_cut_released (img, io, &plan);
     qcow2_rwlock_unlock (&img->lock);
+    if (r == 0 && plan.runs) {
+      qcow2_alloc_discard_released (img, io, &plan);
+      qcow2_rwlock_wrlock (&img->lock);
+      qcow2_alloc_reuse_released (img, &plan);
+      qcow2_rwlock_unlock (&img->lock);
+    }
   }
   return r;
 }

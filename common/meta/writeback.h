@@ -12,7 +12,8 @@
  *   refcount blocks (increments) -> flush -> refcount table -> flush ->
  *   header if the table moved -> flush -> L2 tables -> flush -> L1 ->
  *   flush -> decrements of what was released -> refcount blocks -> flush
- *   -> discards of the clusters now free (qcow2_alloc_reuse_released)
+ *   -> discards of the clusters now free, with no image lock held
+ *   (qcow2_alloc_discard_released) -> they become reusable
  *
  * A crash anywhere leaks clusters at worst, and no discarded byte is
  * referred to by anything on disk.
