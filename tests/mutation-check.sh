@@ -92,6 +92,7 @@ create-header-unflushed | qcow2_create     | any    | replace:^    r = io->flush
 claims-not-checked  | commit_run           | any    | replace:^\s*if \(qcow2_inflight_claimed \(&img->inflight, commit->first,:  if (0 && qcow2_inflight_claimed (&img->inflight, commit->first, | test-engine-writeback test-concurrent-writes
 grace-skipped       | qcow2_inflight_wait  | any    | start:return;                                 | test-engine-writeback
 corrupt-bit-overwritten | qcow2_pwrite_dirty_bit | any | replace:^\s*if \(r == 0 && atomic_load \(&img->corrupt\)\) \{:  if (0) { | test-engine-writeback
+l2-read-exclusive   | commit_run           | any    | replace:^  if \(exclusive && !looked_up\) \{:  if (0 && !looked_up) { | test-engine-writeback
 reads-unregistered  | read_range           | any    | replace:^\s*if \(!registered\) \{:    if (0) { | test-engine-writeback
 EOF
 )

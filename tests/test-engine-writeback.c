@@ -1198,6 +1198,75 @@ test_first_change (void)
   session_close (&s);
 }
 
+/* An allocating commit that needs the image lock exclusively from the
+ * start (a compressed write here) reads an L2 table that is not in
+ * memory with the lock shared, before it takes it exclusively: no read
+ * of the storage is made with the image lock held exclusively.  An L2
+ * cache of one table, two tables written in turn, a flush after each
+ * write so that the other table is let go from memory.
+ */
+struct exclusive_reads {
+  struct session *s;
+  unsigned reads, exclusive;
+};
+
+static void
+count_exclusive_reads (struct mem_io *m, uint64_t offset, size_t count,
+                       void *arg)
+{
+  struct exclusive_reads *h = arg;
+
+  /* One thread makes the engine's calls here: a read lock it cannot
+   * have is one it holds for writing.
+   */
+  h->reads++;
+  if (pthread_rwlock_tryrdlock (&h->s->img->lock.l) == 0)
+    pthread_rwlock_unlock (&h->s->img->lock.l);
+  else
+    h->exclusive++;
+}
+
+static void
+test_no_read_exclusive (void)
+{
+  const uint64_t C = 4096, table_span = C * (C / 8);
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, 4 * table_span, 4 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  struct exclusive_reads h = { 0 };
+  uint8_t buf[4096];
+  struct session s;
+
+  opts.writable = true;
+  opts.compress = true;
+  opts.l2_cache_size = C;
+  CHECK_EQ (session_open_new (&s, &spec, 0, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    return;
+  }
+  /* Both tables made, on disk, and out of memory but for one. */
+  fill_pattern (buf, C, 1);
+  CHECK_EQ (do_write (&s, buf, C, 0, false), 0);
+  CHECK_EQ (do_write (&s, buf, C, table_span, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  h.s = &s;
+  s.mio.pread_hook = count_exclusive_reads;
+  s.mio.pread_hook_arg = &h;
+  for (unsigned k = 0; k < 8; ++k) {
+    fill_pattern (buf, C, 10 + k);
+    CHECK_EQ (do_write (&s, buf, C, (k % 2) * table_span + (k / 2 + 1) * C,
+                        false), 0);
+    CHECK_EQ (do_flush (&s), 0);
+  }
+  s.mio.pread_hook = NULL;
+  CHECK (h.reads >= 8);
+  CHECK_EQ (h.exclusive, 0);
+  check_file (s.mio.data, s.mio.size, true, "after the compressed writes");
+  session_close (&s);
+}
+
 /* A header write of the dirty bit (qcow2-lazy-refcounts' first change)
  * and the corrupt bit of another request's write, which checks no lock
  * (meta/corrupt.h), may go out together.  When the mark's bytes land
@@ -1343,6 +1412,7 @@ main (void)
   test_concurrent (true, true);
   test_first_change ();
   test_corrupt_bit_kept ();
+  test_no_read_exclusive ();
   test_reclaim_plain ();
   test_reclaim_compressed ();
   test_grace_period ();

@@ -398,13 +398,27 @@ commit_run (struct commit *commit, const struct commit_policy *policy,
   enum commit_outcome outcome;
   struct qcow2_inflight_op reg;
   struct qcow2_claim claim;
-  bool exclusive = policy->exclusive;
+  bool exclusive = policy->exclusive, looked_up = false;
   bool claims, in_place, changes;
   uint64_t ticket;
   size_t s, i, span;
   int r;
 
  again:
+  if (exclusive && !looked_up) {
+    /* An L2 table that is not in memory is read here, with the lock
+     * shared, and not below with it held exclusively, where the read
+     * would stop every reader and writer of the image for a device
+     * round trip.  (A table let go in between is read again below.)
+     */
+    qcow2_rwlock_rdlock (&img->lock);
+    r = look_up (commit);
+    qcow2_rwlock_unlock (&img->lock);
+    if (r < 0) {
+      commit->error = r;
+      return COMMIT_FAILED;
+    }
+  }
   if (exclusive)
     qcow2_rwlock_wrlock (&img->lock);
   else
@@ -420,6 +434,7 @@ commit_run (struct commit *commit, const struct commit_policy *policy,
     goto again;
   }
   r = look_up (commit);
+  looked_up = true;
   if (r < 0) {
     qcow2_rwlock_unlock (&img->lock);
     commit->error = r;
