@@ -2,29 +2,42 @@
 /* qcow2zstd tests: the write log of the power-loss harness.
  *
  * The recording plugin (record-plugin.c, under the filter) and the
- * recording shim (record-shim.c, preloaded into nbdkit for the plugin
- * form) serve requests in parallel, and log in device order: a call
- * that changes the storage logs its record (with its data) as it begins
- * and a 'C' record with its number when it has returned, a flush logs
- * 'f' when the storage receives it and 'F' when it has returned.  So the
- * log says which changes were in flight at any point, and a flush makes
- * durable only the changes whose 'C' comes before its 'f' (those still
- * in flight when it was received may or may not be on the storage).
- * Appending a record takes the log's lock, the call itself does not.
- * tests/power-loss-check.py rebuilds crash states from the log.
- * Integers are little-endian.  Changes are numbered from 0 in the order
- * of their records (W, T, A and D); flushes likewise, apart.
+ * recording shim (record-shim.c, preloaded into nbdkit) serve requests
+ * in parallel, and log in device order: a call that changes the storage
+ * logs its record (with its data) as it begins and a 'C' record with its
+ * number when it has returned, a flush logs 'f' when the storage
+ * receives it and 'F' when it has returned.  So the log says which
+ * changes were in flight at any point, and a flush makes durable only
+ * the changes of its own file whose 'C' comes before its 'f' (those
+ * still in flight when it was received may or may not be on the
+ * storage).  Appending a record takes the log's lock, the call itself
+ * does not.  tests/power-loss-check.py rebuilds crash states from the
+ * log.  Integers are little-endian.  Changes are numbered from 0 in the
+ * order of their records (W, T, A and D), whatever their file; flushes
+ * likewise, apart.
  *
- *   'W' u64 offset, u32 length, then LENGTH bytes   a write began
- *   'T' u64 size                                    an ftruncate began
- *   'A' u32 mode, u64 offset, u64 length            an fallocate began
- *   'D' u64 offset, u64 length                      a trim began: the
+ * A log records one file, or several (the shim: an image and its
+ * external data file).  A log of several starts with an 'M' record, and
+ * then every change record (W, T, A, D) and every 'f' has a u8 FILE
+ * after its kind byte, the file it belongs to (0 the first, the image);
+ * a log without 'M' is of one file, file 0, its records without that
+ * byte.  'C' and 'F' name their change or flush by its number.
+ *
+ *   'M' u32 files                                   the log records
+ *                                                   FILES files (first
+ *                                                   record only)
+ *   'W' [FILE] u64 offset, u32 length, then LENGTH bytes
+ *                                                   a write began
+ *   'T' [FILE] u64 size                             an ftruncate began
+ *   'A' [FILE] u32 mode, u64 offset, u64 length     an fallocate began
+ *   'D' [FILE] u64 offset, u64 length               a trim began: the
  *                                                   range may read as
  *                                                   anything after
  *   'C' u64 change                                  that change returned
  *                                                   (a change that failed
  *                                                   never completes)
- *   'f' u64 flush                                   a flush was received
+ *   'f' [FILE] u64 flush                            a flush of FILE was
+ *                                                   received
  *   'F' u64 flush                                   that flush returned
  *   'X' u32 length, then LENGTH bytes of text       a call the harness
  *                                                   cannot model
@@ -68,14 +81,52 @@ record_write_all (int fd, const void *buf, size_t len)
 }
 
 /* The log: its descriptor, the lock that keeps each record whole and in
- * order, and the numbers of the next change and flush.
+ * order, the numbers of the next change and flush, and the number of
+ * files it records (1: the format without FILE bytes).
  */
 struct record_log {
   int fd;
   pthread_mutex_t lock;
   uint64_t changes, flushes;
+  unsigned files;
 };
-#define RECORD_LOG_INIT { -1, PTHREAD_MUTEX_INITIALIZER, 0, 0 }
+#define RECORD_LOG_INIT { -1, PTHREAD_MUTEX_INITIALIZER, 0, 0, 1 }
+
+/* A log of FILES files: its 'M' record, before any other (the log was
+ * just opened, and is empty).
+ */
+static inline void
+record_log_files (struct record_log *log, unsigned files)
+{
+  uint8_t rec[5];
+
+  if (files < 2 || files > 256)
+    abort ();
+  rec[0] = 'M';
+  record_put_le (rec + 1, files, 4);
+  pthread_mutex_lock (&log->lock);
+  if (log->changes || log->flushes)
+    abort ();
+  record_write_all (log->fd, rec, sizeof rec);
+  log->files = files;
+  pthread_mutex_unlock (&log->lock);
+}
+
+/* The start of a change or 'f' record of FILE at P: its kind, then its
+ * FILE byte in a log of several files; returns the bytes it took.
+ */
+static inline size_t
+record_head (const struct record_log *log, uint8_t *p, char kind,
+             unsigned file)
+{
+  if (file >= log->files)
+    abort ();
+  p[0] = kind;
+  if (log->files == 1)
+    return 1;
+  p[1] = file;
+  return 2;
+}
 
 /* Append HEAD (and DATA) as one record; returns the change's number
  * for a change record (W, T, A, D), else 0.
@@ -96,50 +147,52 @@ record_append (struct record_log *log, const uint8_t *head, size_t head_len,
   return number;
 }
 
+/* The changes of FILE (0 in a log of one file), as they begin. */
 static inline uint64_t
-record_write_begins (struct record_log *log, uint64_t offset,
+record_write_begins (struct record_log *log, unsigned file, uint64_t offset,
                      const void *data, uint32_t len)
 {
-  uint8_t head[13];
+  uint8_t head[14];
+  size_t n = record_head (log, head, 'W', file);
 
-  head[0] = 'W';
-  record_put_le (head + 1, offset, 8);
-  record_put_le (head + 9, len, 4);
-  return record_append (log, head, sizeof head, data, len);
+  record_put_le (head + n, offset, 8);
+  record_put_le (head + n + 8, len, 4);
+  return record_append (log, head, n + 12, data, len);
 }
 
 static inline uint64_t
-record_truncate_begins (struct record_log *log, uint64_t size)
+record_truncate_begins (struct record_log *log, unsigned file, uint64_t size)
 {
-  uint8_t rec[9];
+  uint8_t rec[10];
+  size_t n = record_head (log, rec, 'T', file);
 
-  rec[0] = 'T';
-  record_put_le (rec + 1, size, 8);
-  return record_append (log, rec, sizeof rec, NULL, 0);
+  record_put_le (rec + n, size, 8);
+  return record_append (log, rec, n + 8, NULL, 0);
 }
 
 static inline uint64_t
-record_fallocate_begins (struct record_log *log, uint32_t mode,
+record_fallocate_begins (struct record_log *log, unsigned file, uint32_t mode,
                          uint64_t offset, uint64_t len)
 {
-  uint8_t rec[21];
+  uint8_t rec[22];
+  size_t n = record_head (log, rec, 'A', file);
 
-  rec[0] = 'A';
-  record_put_le (rec + 1, mode, 4);
-  record_put_le (rec + 5, offset, 8);
-  record_put_le (rec + 13, len, 8);
-  return record_append (log, rec, sizeof rec, NULL, 0);
+  record_put_le (rec + n, mode, 4);
+  record_put_le (rec + n + 4, offset, 8);
+  record_put_le (rec + n + 12, len, 8);
+  return record_append (log, rec, n + 20, NULL, 0);
 }
 
 static inline uint64_t
-record_discard_begins (struct record_log *log, uint64_t offset, uint64_t len)
+record_discard_begins (struct record_log *log, unsigned file, uint64_t offset,
+                       uint64_t len)
 {
-  uint8_t rec[17];
+  uint8_t rec[18];
+  size_t n = record_head (log, rec, 'D', file);
 
-  rec[0] = 'D';
-  record_put_le (rec + 1, offset, 8);
-  record_put_le (rec + 9, len, 8);
-  return record_append (log, rec, sizeof rec, NULL, 0);
+  record_put_le (rec + n, offset, 8);
+  record_put_le (rec + n + 8, len, 8);
+  return record_append (log, rec, n + 16, NULL, 0);
 }
 
 static inline void
@@ -152,18 +205,18 @@ record_completed (struct record_log *log, uint64_t change)
   record_append (log, rec, sizeof rec, NULL, 0);
 }
 
-/* A flush received: its number, for record_flush_returned. */
+/* A flush of FILE received: its number, for record_flush_returned. */
 static inline uint64_t
-record_flush_begins (struct record_log *log)
+record_flush_begins (struct record_log *log, unsigned file)
 {
-  uint8_t rec[9];
+  uint8_t rec[10];
+  size_t n = record_head (log, rec, 'f', file);
   uint64_t number;
 
   pthread_mutex_lock (&log->lock);
   number = log->flushes++;
-  rec[0] = 'f';
-  record_put_le (rec + 1, number, 8);
-  record_write_all (log->fd, rec, sizeof rec);
+  record_put_le (rec + n, number, 8);
+  record_write_all (log->fd, rec, n + 8);
   pthread_mutex_unlock (&log->lock);
   return number;
 }

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2zstd tests: an nbdkit plugin that serves a file and records
- * every write, trim and flush it does (record-log.h), for the
- * power-loss harness to rebuild crash states from.  A trim punches a
- * hole, as nbdkit's file plugin does.
+ * every write, trim and flush it does (record-log.h, a log of one
+ * file), for the power-loss harness to rebuild crash states from.  A
+ * trim punches a hole, as nbdkit's file plugin does.  (An image with an
+ * external data file is recorded by record-shim.c instead: the filter
+ * opens the data file itself.)
  *
  *   nbdkit --filter=qcow2zstd tests/.libs/record-plugin.so \
  *          file=DEVICE log=LOG [delay-us=N]
@@ -146,7 +148,7 @@ record_pwrite (void *handle, const void *buf, uint32_t count,
   const char *p = buf;
   uint32_t left = count;
   uint64_t pos = offset;
-  uint64_t change = record_write_begins (&rlog, offset, buf, count);
+  uint64_t change = record_write_begins (&rlog, 0, offset, buf, count);
 
   while (left > 0) {
     ssize_t n = pwrite (fd, p, left, pos);
@@ -177,7 +179,7 @@ record_can_trim (void *handle)
 static int
 record_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  uint64_t change = record_discard_begins (&rlog, offset, count);
+  uint64_t change = record_discard_begins (&rlog, 0, offset, count);
 
   if (fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset,
                  count) == -1) {
@@ -192,7 +194,7 @@ record_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 record_flush (void *handle, uint32_t flags)
 {
-  uint64_t flush = record_flush_begins (&rlog);
+  uint64_t flush = record_flush_begins (&rlog, 0);
 
   if (fdatasync (fd) == -1) {
     nbdkit_error ("record: fdatasync: %m");
