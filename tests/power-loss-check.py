@@ -4,25 +4,27 @@
 # storage's write log (record-log.h), each checked with qemu-img.
 #
 #   power-loss-check.py --name NAME --log LOG --shadow SHADOW
-#       --initial DEVICE|none --size VIRTUAL_SIZE [--initial-raw RAW]
+#       --initial DEVICE|none [--initial-data DATA [--data-file-raw]]
+#       --size VIRTUAL_SIZE [--initial-raw RAW]
 #       [--states N] [--seed S] [--create CLUSTER_SIZE]
 #       [--keep-unformatted PATH] [--expect-discards] [--expect-cut]
 #       [--secret FILE] [--snapshot ID=RAW]...
 #       [--bitmap NAME=MAP]... [--frozen-bitmap NAME=MAP]...
 #       [--repair-dirty filter|plugin=SO [--nbdkit-env ARG]...]
-#       [--workdir DIR] [--jobs J] [--self-check]
+#       [--workdir DIR] [--jobs J] [--self-check [all|data-file]]
 #
 # The log is in device order (record-log.h): every change to the storage
 # as it began and as it returned, every flush as it was received and as
 # it returned.  A crash can come at any point of the log.  What the
-# storage then holds: every change that a flush made durable (one that
-# had returned before a flush was received, if that flush returned
-# before the crash), applied in the order they returned, plus any subset
-# of the other changes begun before the crash (those in flight then
-# included), some writes torn at 512-byte sectors.  The crash points
-# taken are the returns of the flushes (all, or if there are too many an
-# even sample with the first and the last), random points between them
-# (half of them where changes were in flight), and the end of the log.
+# storage then holds: every change that a flush made durable (one to the
+# flush's file that had returned before the flush was received, if the
+# flush returned before the crash), applied in the order they returned,
+# plus any subset of the other changes begun before the crash (those in
+# flight then included), some writes torn at 512-byte sectors.  The
+# crash points taken are the returns of the flushes (all, or if there
+# are too many an even sample with the first and the last), random
+# points between them (half of them where changes were in flight), and
+# the end of the log.
 # Each state must
 #   - pass qemu-img check without corruption (leaked clusters are fine),
 #   - read, through qemu, every byte that a request made durable by the
@@ -30,11 +32,13 @@
 #     when it was sent; a FUA request covers itself once returned), where
 #     a sector may also hold what a later write or zero put there, and
 #     nothing else.
-# Two changes to the same bytes in flight at once are an error of their
-# own (the storage may keep either).  --self-check drops the flushes'
-# ordering from the replay (nothing is durable, every state a subset of
-# everything begun): the check must then fail, which shows that it is not
-# blind to lost flushed data; the exit status is 0 only if it did fail.
+# Two changes to the same bytes of a file in flight at once are an error
+# of their own (the storage may keep either).  --self-check drops the
+# flushes' ordering from the replay (nothing is durable, every state a
+# subset of everything begun; --self-check data-file: only the data
+# file's flushes dropped): the check must then fail, which shows that it
+# is not blind to lost flushed data; the exit status is 0 only if it did
+# fail.
 # With --create the storage starts out empty and is formatted by the
 # server with clusters of CLUSTER_SIZE: a state whose first cluster is
 # still all zeros is also fine, if no flush or FUA request had returned
@@ -48,6 +52,21 @@
 # point at) may lie in a range discarded and not written since.  With
 # --expect-discards the log must hold a discard, with --expect-cut a
 # truncate that made the file shorter.
+#
+# A log of two files (record-log.h; --initial-data DATA, the data file
+# when the log began, is then required) is of an image (file 0, whose
+# start is --initial) and its external data file (file 1): a state is
+# both, rebuilt alike, except that a hole punched in the data file reads
+# as zeros (the file system's promise: the engine punches out only
+# clusters the guest zeroed, and with data_file_raw relies on it), and
+# that the image's data clusters lie in the data file, not in its own
+# discarded ranges.  Each state is checked in a directory of its own:
+# the image, and its data file under the relative name in the state's
+# header (that of --initial if the state's names none); qemu runs there,
+# as it looks for a relative data file name in its working directory,
+# where the engine looks beside the image.  The log must hold a change
+# of the data file.  With --data-file-raw (data_file_raw=on), at the end
+# of the log (a clean close) the data file must read as the guest disk.
 #
 # With --secret, the image is LUKS-encrypted and qemu opens it with the
 # passphrase in FILE.  Each --snapshot ID=RAW is an internal snapshot that every state must still
@@ -76,6 +95,7 @@ import json
 import os
 import random
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -85,17 +105,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from powerloss import SECTOR, identify, read_shadow, write_data  # noqa: E402
 
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 1, 2, 0x10
+INCOMPAT_DATA_FILE = 1 << 2
+EXT_DATA_FILE = 0x44415441
 
 
 class Change:
     """A change to the storage: REC (what apply takes), where its record
     ends in the log (BEGIN) and where its completion's does (DONE, None
-    if it never returned), and its number.
+    if it never returned), its number, and the file it changes (0 the
+    image, 1 its data file).
     """
-    __slots__ = ("rec", "begin", "done", "number")
+    __slots__ = ("rec", "begin", "done", "number", "file")
 
-    def __init__(self, rec, begin, number):
+    def __init__(self, rec, begin, number, file):
         self.rec, self.begin, self.done, self.number = rec, begin, None, number
+        self.file = file
 
     def extent(self):
         """[lo, hi) of the bytes it changes (a cut: all from its size)."""
@@ -110,33 +134,46 @@ class Change:
 
 
 def parse_log(path):
-    """(changes in the order they began, flushes as [received, returned]
-    log offsets (returned None if never), the offsets where each record
-    ends, the log's size).
+    """(changes in the order they began, flushes as [received, returned,
+    file] (log offsets, returned None if never), the offsets where each
+    record ends, the log's size, the number of files it records).
     """
     data = open(path, "rb").read()
-    pos, changes, flushes, ends = 0, [], [], []
+    pos, changes, flushes, ends, files = 0, [], [], [], 1
     while pos < len(data):
         kind = chr(data[pos])
-        if kind == "W":
-            off, n = struct.unpack_from("<QI", data, pos + 1)
-            end = pos + 13 + n
-            rec = ("W", end, off, data[pos + 13:end])
+        # A log of several files: the FILE byte after the kind of each
+        # change and 'f' record (record-log.h).
+        file, at = 0, pos + 1
+        if files > 1 and kind in "WTADf":
+            file, at = data[pos + 1], pos + 2
+            if file >= files:
+                sys.exit(f"{path}: record {kind!r} of file {file} at {pos}")
+        if kind == "M":
+            if pos != 0:
+                sys.exit(f"{path}: 'M' record at {pos}, not first")
+            (files,) = struct.unpack_from("<I", data, pos + 1)
+            end = pos + 5
+            rec = None
+        elif kind == "W":
+            off, n = struct.unpack_from("<QI", data, at)
+            end = at + 12 + n
+            rec = ("W", end, off, data[at + 12:end])
         elif kind == "T":
-            (length,) = struct.unpack_from("<Q", data, pos + 1)
-            end = pos + 9
+            (length,) = struct.unpack_from("<Q", data, at)
+            end = at + 8
             rec = ("T", end, length)
         elif kind == "A":
-            mode, off, n = struct.unpack_from("<IQQ", data, pos + 1)
-            end = pos + 21
+            mode, off, n = struct.unpack_from("<IQQ", data, at)
+            end = at + 20
             rec = ("A", end, mode, off, n)
         elif kind == "D":
-            off, n = struct.unpack_from("<QQ", data, pos + 1)
-            end = pos + 17
+            off, n = struct.unpack_from("<QQ", data, at)
+            end = at + 16
             rec = ("D", end, off, n)
         elif kind in "CfF":
-            (number,) = struct.unpack_from("<Q", data, pos + 1)
-            end = pos + 9
+            (number,) = struct.unpack_from("<Q", data, at)
+            end = at + 8
             rec = None
             if kind == "C":
                 if number >= len(changes) or changes[number].done is not None:
@@ -145,7 +182,7 @@ def parse_log(path):
             elif kind == "f":
                 if number != len(flushes):
                     sys.exit(f"{path}: flush {number} received at {pos}")
-                flushes.append([end, None])
+                flushes.append([end, None, file])
             else:
                 if number >= len(flushes) or flushes[number][1] is not None:
                     sys.exit(f"{path}: flush {number} returned at {pos}")
@@ -157,21 +194,23 @@ def parse_log(path):
         else:
             sys.exit(f"{path}: bad record {kind!r} at {pos}")
         if rec is not None:
-            changes.append(Change(rec, end, len(changes)))
+            changes.append(Change(rec, end, len(changes), file))
         ends.append(end)
         pos = end
-    return changes, flushes, ends, len(data)
+    return changes, flushes, ends, len(data), files
 
 
 def overlapping_in_flight(changes):
-    """Pairs of changes to the same bytes that were in flight at once."""
+    """Pairs of changes to the same bytes of a file that were in flight
+    at once.
+    """
     out, active = [], []
     for c in changes:
         active = [a for a in active if a.done is None or a.done > c.begin]
         lo, hi = c.extent()
         for a in active:
             alo, ahi = a.extent()
-            if alo < hi and lo < ahi:
+            if a.file == c.file and alo < hi and lo < ahi:
                 out.append((a, c))
         active.append(c)
     return out
@@ -199,11 +238,12 @@ def discard(dev, lost, off, n):
     lost[off:off + n] = b"\1" * n
 
 
-def apply(dev, rec, sectors=None, lost=None):
+def apply(dev, rec, sectors=None, lost=None, holes_zero=False):
     """Apply REC to the bytearray DEV; for a write, only SECTORS (indexes
     of its 512-byte pieces, split at the storage's sector boundaries)
     if given.  LOST (a bytearray, a byte per byte of the device) marks
-    what discards took and no write put back since.
+    what discards took and no write put back since.  HOLES_ZERO: a hole
+    punched reads as zeros (the data file), not as garbage.
     """
     if lost is None:
         lost = bytearray()
@@ -230,9 +270,9 @@ def apply(dev, rec, sectors=None, lost=None):
         _, _, mode, off, n = rec
         if not mode & FALLOC_FL_KEEP_SIZE and off + n > len(dev):
             dev.extend(bytes(off + n - len(dev)))
-        if mode & FALLOC_FL_PUNCH_HOLE:
+        if mode & FALLOC_FL_PUNCH_HOLE and not holes_zero:
             discard(dev, lost, off, n)
-        elif mode & FALLOC_FL_ZERO_RANGE:
+        elif mode & (FALLOC_FL_ZERO_RANGE | FALLOC_FL_PUNCH_HOLE):
             end = min(off + n, len(dev))
             if end > off:
                 dev[off:end] = bytes(end - off)
@@ -278,8 +318,9 @@ def unformatted(state, cluster):
 
 
 def worker_init(shadow_path, initial_raw, vsize, create, secret, snapshots,
-                bitmaps, repair, nbdkit_env):
+                bitmaps, repair, nbdkit_env, data_file_raw):
     W["secret"] = os.path.abspath(secret) if secret else None
+    W["data_file_raw"] = data_file_raw
     W["repair"] = repair
     W["nbdkit_env"] = nbdkit_env
     W["bitmaps"] = {name: (kind, open(path).read())
@@ -332,6 +373,17 @@ def expected_at(req):
     return disk
 
 
+def tool(cmd, **kw):
+    """subprocess.run of CMD, its output captured as text, in W["cwd"]:
+    the directory of a state with a data file, so that qemu (which looks
+    for a relative data file name in its working directory, where the
+    engine looks beside the image) finds that state's data file, and no
+    other.
+    """
+    return subprocess.run(cmd, capture_output=True, text=True,
+                          cwd=W.get("cwd"), **kw)
+
+
 def touches(op, sector):
     lo = sector * SECTOR
     return op["op"] != "F" and op["off"] <= lo < op["off"] + op["len"]
@@ -354,13 +406,15 @@ def later_explains(req, sector, got):
 
 
 def references(state):
-    """(start, end, what) of every range the qcow2 image in STATE refers
-    to: its header, refcount table and blocks, L1 and L2 tables, data
-    clusters, and the bytes of compressed data that its last sector does
-    not share with what follows.
+    """(start, end, what) of every range of its own file the qcow2 image
+    in STATE refers to: its header, refcount table and blocks, L1 and L2
+    tables, data clusters (unless they lie in an external data file),
+    and the bytes of compressed data that its last sector does not share
+    with what follows.
     """
     u32 = lambda o: struct.unpack_from(">I", state, o)[0]
     u64 = lambda o: struct.unpack_from(">Q", state, o)[0]
+    external = u32(4) >= 3 and u64(72) & INCOMPAT_DATA_FILE
     bits = u32(20)
     cs = 1 << bits
     l1_size, l1_off = u32(36), u64(40)
@@ -392,10 +446,39 @@ def references(state):
                 last = (off & ~511) + (nsect - 1) * 512
                 out.append((off, max(off, last) + 1,
                             f"compressed data of guest cluster {i * cs // 8 + j}"))
-            elif e & 0x00fffffffffffe00:
+            elif e & 0x00fffffffffffe00 and not external:
                 d = e & 0x00fffffffffffe00
                 out.append((d, d + cs, f"the data of guest cluster {i * cs // 8 + j}"))
     return out
+
+
+def data_file_name(state):
+    """The external data file's name in the header of the qcow2 image in
+    STATE (its header extension), or None.
+    """
+    if len(state) < 104 or struct.unpack_from(">I", state, 4)[0] < 3:
+        return None
+    pos = struct.unpack_from(">I", state, 100)[0]
+    while pos + 8 <= len(state):
+        kind, n = struct.unpack_from(">II", state, pos)
+        if kind == 0 or pos + 8 + n > len(state):
+            return None
+        if kind == EXT_DATA_FILE:
+            return bytes(state[pos + 8:pos + 8 + n]).decode(errors="replace")
+        pos += 8 + (n + 7) // 8 * 8
+    return None
+
+
+def beside(name):
+    """NAME if it is a relative name that stays inside the image's
+    directory (where a crash state's data file can be placed), else None.
+    """
+    if not name or os.path.isabs(name):
+        return None
+    norm = os.path.normpath(name)
+    if norm == "." or norm.split(os.sep)[0] == ".." or norm == "image.qcow2":
+        return None
+    return norm
 
 
 def refers_to_lost(state, lost):
@@ -422,9 +505,8 @@ def qemu_read(image, raw, options=()):
     the image, the file last) with OPTIONS, through the scratch file RAW:
     (bytes, None), or (None, qemu-img's error).
     """
-    r = subprocess.run(["qemu-img", "convert", *options, *image[:-1],
-                        "-O", "raw", image[-1], raw],
-                       capture_output=True, text=True)
+    r = tool(["qemu-img", "convert", *options, *image[:-1],
+              "-O", "raw", image[-1], raw])
     if r.returncode != 0:
         return None, r.stderr
     with open(raw, "rb") as f:
@@ -447,8 +529,7 @@ def dirty_granules(map_text, granularity):
 
 def bitmap_info(image):
     """{name: (flags, granularity)} of IMAGE's bitmaps, or an error."""
-    r = subprocess.run(["qemu-img", "info", "--output=json", *image],
-                       capture_output=True, text=True)
+    r = tool(["qemu-img", "info", "--output=json", *image])
     if r.returncode != 0:
         return f"qemu-img info failed: {r.stderr}"
     data = json.loads(r.stdout).get("format-specific", {}).get("data", {})
@@ -457,9 +538,9 @@ def bitmap_info(image):
 
 
 def bitmap_map(path, name):
-    r = subprocess.run(["nbdinfo", f"--map=qemu:dirty-bitmap:{name}", "--",
-                        "[", "qemu-nbd", "-r", "-B", name, "-f", "qcow2",
-                        path, "]"], capture_output=True, text=True)
+    r = tool(["nbdinfo", f"--map=qemu:dirty-bitmap:{name}", "--",
+              "[", "qemu-nbd", "-r", "-B", name, "-f", "qcow2",
+              path, "]"])
     if r.returncode != 0:
         return None, r.stderr
     return r.stdout, None
@@ -525,9 +606,8 @@ def repair_dirty(path):
     """None once the engine's open repaired the dirty state at PATH."""
     form, so = W["repair"].split("=", 1)
     serve = [f"--filter={so}", "file", path] if form == "filter" else [so, path]
-    r = subprocess.run([*W["nbdkit_env"], "nbdkit", "-U", "-", *serve,
-                        "--run", "nbdinfo --size \"$uri\""],
-                       capture_output=True, text=True)
+    r = tool([*W["nbdkit_env"], "nbdkit", "-U", "-", *serve,
+              "--run", "nbdinfo --size \"$uri\""])
     if r.returncode != 0:
         return (f"{form} did not repair the dirty state (status "
                 f"{r.returncode}): {r.stderr[-1500:]}")
@@ -536,10 +616,12 @@ def repair_dirty(path):
     return None
 
 
-def check_state(path, pos, label, lost=(), final=False):
-    """None if the state at PATH is fine for a crash at log offset POS,
-    else what is wrong; FINAL for the end of the log.
+def check_state(path, pos, label, lost=(), final=False, data_path=None):
+    """None if the state at PATH (its data file at DATA_PATH, if it has
+    one) is fine for a crash at log offset POS, else what is wrong; FINAL
+    for the end of the log.
     """
+    W["cwd"] = os.path.dirname(path) if data_path else None
     try:
         req, any_returned = required_at(pos)
         with open(path, "rb") as f:
@@ -563,8 +645,7 @@ def check_state(path, pos, label, lost=(), final=False):
                      f"driver=qcow2,file.filename={path},encrypt.key-secret=s0"]
         else:
             image = ["-f", "qcow2", path]
-        r = subprocess.run(["qemu-img", "check"] + image,
-                           capture_output=True, text=True)
+        r = tool(["qemu-img", "check"] + image)
         if r.returncode not in (0, 3) or "ERROR" in r.stdout:
             return (f"qemu-img check exit {r.returncode}:\n"
                     f"{r.stdout}{r.stderr}")
@@ -585,6 +666,12 @@ def check_state(path, pos, label, lost=(), final=False):
             err = check_bitmaps(path, image, got, final)
             if err:
                 return err
+        if final and W["data_file_raw"]:
+            with open(data_path, "rb") as f:
+                raw = f.read(W["vsize"])
+            if raw + bytes(len(got) - len(raw)) != got:
+                return ("data_file_raw: after the clean close the data file "
+                        "does not read as the guest disk")
         if got == want:
             return None
         for c in range(0, len(got), 65536):
@@ -604,7 +691,10 @@ def check_state(path, pos, label, lost=(), final=False):
                             f"flushed data lost")
         return None
     finally:
-        os.unlink(path)
+        if data_path:
+            shutil.rmtree(os.path.dirname(path))
+        else:
+            os.unlink(path)
 
 
 # ------------------------------------------------------------ the main
@@ -614,6 +704,8 @@ def main():
     ap.add_argument("--log", required=True)
     ap.add_argument("--shadow", required=True)
     ap.add_argument("--initial", required=True)
+    ap.add_argument("--initial-data")
+    ap.add_argument("--data-file-raw", action="store_true")
     ap.add_argument("--initial-raw")
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--states", type=int, default=100)
@@ -630,24 +722,48 @@ def main():
     ap.add_argument("--nbdkit-env", action="append", default=[])
     ap.add_argument("--workdir", default=".")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--self-check", action="store_true")
+    ap.add_argument("--self-check", nargs="?", const="all",
+                    choices=["all", "data-file"])
     a = ap.parse_args()
+    a.workdir = os.path.abspath(a.workdir)
     rng = random.Random(a.seed)
 
-    changes, flushes, ends, log_size = parse_log(a.log)
+    changes, flushes, ends, log_size, files = parse_log(a.log)
     ops = read_shadow(a.shadow)
+    if files > 2:
+        sys.exit(f"{a.log}: a log of {files} files (an image and its data "
+                 f"file are two)")
+    if (files == 2) != (a.initial_data is not None):
+        sys.exit(f"{a.name}: the log records {files} file(s), but "
+                 f"--initial-data was{'' if a.initial_data else ' not'} given")
+    if a.self_check == "data-file" and files != 2:
+        sys.exit(f"{a.name}: --self-check data-file needs a data file")
+    # The data file (file 1): a hole punched there reads as zeros, as
+    # the file system promises; the engine punches only clusters the
+    # guest zeroed, and relies on it with data_file_raw.
+    holes_zero = [False, True]
     ndiscards = sum(1 for c in changes if is_discard(c.rec))
-    sizes = [0]
-    for c in changes:
-        if c.rec[0] == "W":
-            sizes.append(max(sizes[-1], c.rec[2] + len(c.rec[3])))
-        elif c.rec[0] == "T":
-            sizes.append(c.rec[2])
-    ncuts = sum(1 for a_, b_ in zip(sizes, sizes[1:]) if b_ < a_)
+    ncuts = 0
+    for f in range(files):
+        sizes = [0]
+        for c in changes:
+            if c.file != f:
+                continue
+            if c.rec[0] == "W":
+                sizes.append(max(sizes[-1], c.rec[2] + len(c.rec[3])))
+            elif c.rec[0] == "T":
+                sizes.append(c.rec[2])
+        ncuts += sum(1 for a_, b_ in zip(sizes, sizes[1:]) if b_ < a_)
     if a.expect_discards and ndiscards == 0:
         sys.exit(f"{a.name}: the storage saw no discard")
     if a.expect_cut and ncuts == 0:
         sys.exit(f"{a.name}: the file was never made shorter")
+    data_changes = [c for c in changes if c.file == 1]
+    data_flushes = [f for f in flushes if f[2] == 1]
+    # (A data file never flushed is what the crash states must show.)
+    if files == 2 and not data_changes:
+        sys.exit(f"{a.name}: the log holds no change of the data file: was "
+                 f"it recorded?")
     client_flushes = [i for i, op in enumerate(ops) if op["op"] == "F"]
     if not client_flushes:
         sys.exit(f"{a.name}: the client logged no flush")
@@ -660,24 +776,30 @@ def main():
             print(f"  changes {x.number} ({x.rec[0]} {x.extent()[0]:#x}-"
                   f"{x.extent()[1]:#x}) and {y.number} ({y.rec[0]} "
                   f"{y.extent()[0]:#x}-{y.extent()[1]:#x}) to the same bytes "
-                  f"were in flight at once")
+                  f"of file {x.file} were in flight at once")
         sys.exit(f"{a.name}: {len(races)} pairs of changes to the same bytes "
                  f"in flight at once: the storage may keep either")
 
-    # The barrier at a crash at log offset POS: the latest offset at which
-    # a flush that returned by POS was received; what completed before it
-    # is durable.  Without the flushes' ordering (--self-check), none.
-    returned = sorted((f[1], f[0]) for f in flushes if f[1] is not None)
+    # The barriers at a crash at log offset POS, one per file: the latest
+    # offset at which a flush of that file that returned by POS was
+    # received; what of the file completed before it is durable.  Without
+    # the flushes' ordering (--self-check), none; with --self-check
+    # data-file, none of the data file's.
+    returned = sorted((f[1], f[0], f[2]) for f in flushes if f[1] is not None)
+    ignored = (set(range(files)) if a.self_check == "all" else
+               {1} if a.self_check == "data-file" else set())
 
     def barrier(pos):
-        if a.self_check:
-            return -1
-        b = -1
-        for end, begin in returned:
+        b = [-1] * files
+        for end, begin, f in returned:
             if end > pos:
                 break
-            b = max(b, begin)
-        return b
+            if f not in ignored:
+                b[f] = max(b[f], begin)
+        return tuple(b)
+
+    def durable(c, b):
+        return c.done is not None and c.done <= b[c.file]
 
     def in_flight(pos):
         return [c for c in changes if c.begin <= pos and
@@ -687,7 +809,7 @@ def main():
     # (pos, kind, subset) with subset None (none of them), "all", or a
     # list of (change, sectors or None).
     plan = []
-    points = [end for end, _ in returned]
+    points = [end for end, _, _ in returned]
     if len(points) * 2 > a.states:
         keep = {0, len(points) - 1} | set(rng.sample(range(len(points)),
                                                      a.states // 2))
@@ -719,12 +841,12 @@ def main():
     # header on disk, the tables not) is taken always, not left to the
     # random subsets below.
     if a.create:
-        header = next((c for c in changes if c.rec[0] == "W" and c.rec[2] == 0),
-                      None)
+        header = next((c for c in changes if c.rec[0] == "W" and
+                       c.rec[2] == 0 and c.file == 0), None)
         if header is None:
             sys.exit(f"{a.name}: qcow2-create wrote no header")
         pos = header.done if header.done is not None else header.begin
-        if not (header.done is not None and header.done <= barrier(pos)):
+        if not durable(header, barrier(pos)):
             plan.append((pos, "subset", [(header, None)]))
 
     budget = a.states - len(plan)
@@ -735,22 +857,37 @@ def main():
         pos = rng.choice(pool)
         b = barrier(pos)
         undurable = [c for c in changes if c.begin <= pos and
-                     not (c.done is not None and c.done <= b)]
+                     not durable(c, b)]
         subset = random_subset(undurable)
         if subset is not None:
             plan.append((pos, "subset", subset))
             budget -= 1
+    # Each file's barrier grows with POS: in this order the durable
+    # changes of every file are applied once, as the plan goes on.
     plan.sort(key=lambda p: (barrier(p[0]), p[0]))
 
     counts = {"boundary": 0, "subset": 0, "torn": 0, "unformatted": 0,
               "in flight": 0, "holding one": 0, "dirty": 0}
     failures = []
     keep_candidate = None
-    dev = bytearray(open(a.initial, "rb").read()) if a.initial != "none" else bytearray()
-    lost = bytearray(len(dev))  # what discards took from dev
-    by_done = sorted((c for c in changes if c.done is not None),
-                     key=lambda c: c.done)
-    applied = 0                 # of by_done, applied to dev
+    # Per file: its durable contents, what discards took from it (only
+    # the image's are garbage), its changes in the order they completed,
+    # and how many of those are applied.
+    initial = [a.initial, a.initial_data][:files]
+    devs = [bytearray(open(p, "rb").read()) if p != "none" else bytearray()
+            for p in initial]
+    losts = [bytearray(len(d)) for d in devs]
+    data_name = None
+    if files == 2:
+        data_name = beside(data_file_name(devs[0]))
+        if data_name is None:
+            sys.exit(f"{a.name}: the image names no data file, or not by a "
+                     f"relative name inside its directory "
+                     f"({data_file_name(devs[0])!r})")
+    by_done = [sorted((c for c in changes if c.done is not None and
+                       c.file == f), key=lambda c: c.done)
+               for f in range(files)]
+    applied = [0] * files
     futures = []
     done = 0
 
@@ -766,25 +903,32 @@ def main():
                                        [x.split("=", 1) for x in a.snapshot],
                                        [("tracked", *x.split("=", 1)) for x in a.bitmap] +
                                        [("frozen", *x.split("=", 1)) for x in a.frozen_bitmap],
-                                       a.repair_dirty, a.nbdkit_env)) as pool:
+                                       a.repair_dirty, a.nbdkit_env,
+                                       a.data_file_raw)) as pool:
         for number, (pos, kind, subset) in enumerate(plan):
             b = barrier(pos)
-            while applied < len(by_done) and by_done[applied].done <= b:
-                apply(dev, by_done[applied].rec, lost=lost)
-                applied += 1
-            state = bytearray(dev)
-            state_lost = bytearray(lost)
+            for f in range(files):
+                while (applied[f] < len(by_done[f]) and
+                       by_done[f][applied[f]].done <= b[f]):
+                    apply(devs[f], by_done[f][applied[f]].rec, lost=losts[f],
+                          holes_zero=holes_zero[f])
+                    applied[f] += 1
+            states = [bytearray(d) for d in devs]
+            states_lost = [bytearray(x) for x in losts]
             flying = in_flight(pos)
             if flying:
                 counts["in flight"] += 1
             if subset == "all":
                 for c in changes:
-                    if not (c.done is not None and c.done <= b):
-                        apply(state, c.rec, lost=state_lost)
+                    if not durable(c, b):
+                        apply(states[c.file], c.rec, lost=states_lost[c.file],
+                              holes_zero=holes_zero[c.file])
                 label = "end of the log"
             else:
                 for c, sectors in subset or []:
-                    apply(state, c.rec, sectors, lost=state_lost)
+                    apply(states[c.file], c.rec, sectors,
+                          lost=states_lost[c.file],
+                          holes_zero=holes_zero[c.file])
                 torn = any(sec is not None for _, sec in subset or [])
                 if any(c in flying for c, _ in subset or []):
                     counts["holding one"] += 1
@@ -794,22 +938,37 @@ def main():
                          "changes%s, %d in flight" %
                          (pos, len(subset),
                           sum(1 for c in changes if c.begin <= pos and
-                              not (c.done is not None and c.done <= b)),
+                              not durable(c, b)),
                           " (torn)" if torn else "", len(flying)))
                 counts["boundary" if subset is None else
                        "torn" if torn else "subset"] += 1
+            state = states[0]
             if a.create and unformatted(state, a.create):
                 counts["unformatted"] += 1
                 keep_candidate = bytes(state)
             if len(state) >= 80 and state[79] & 1:
                 counts["dirty"] += 1
-            path = os.path.join(a.workdir, f"state-{number}.img")
+            data_path = None
+            if files == 1:
+                path = os.path.join(a.workdir, f"state-{number}.img")
+            else:
+                # The image and its data file in a directory of their
+                # own, the data file where the name in the state's header
+                # finds it (that of the image the log began with, if the
+                # state's header names none).
+                statedir = os.path.join(a.workdir, f"state-{number}")
+                path = os.path.join(statedir, "image.qcow2")
+                data_path = os.path.join(
+                    statedir, beside(data_file_name(state)) or data_name)
+                os.makedirs(os.path.dirname(data_path), exist_ok=True)
+                with open(data_path, "wb") as f:
+                    f.write(states[1])
             with open(path, "wb") as f:
                 f.write(state)
             futures.append((label, pool.submit(
                 check_state, path, pos, label,
-                lost_ranges(state_lost, len(state_lost)),
-                subset == "all")))
+                lost_ranges(states_lost[0], len(states_lost[0])),
+                subset == "all", data_path)))
             # A few states on disk at a time, not all of them.
             while len(futures) - done >= 2 * a.jobs:
                 collect(futures[done])
@@ -822,7 +981,9 @@ def main():
     if a.self_check:
         lost_data = [f for f in failures if "flushed data lost" in f[1] or
                      "had returned" in f[1]]
-        print(f"{a.name}: self-check, the replay ignoring device flushes: "
+        what = ("device flushes" if a.self_check == "all" else
+                "the data file's flushes")
+        print(f"{a.name}: self-check, the replay ignoring {what}: "
               f"{len(failures)} of {total} crash states failed, "
               f"{len(lost_data)} of them for durable data lost"
               + (f" (e.g. {lost_data[0][0]}: {lost_data[0][1]})" if lost_data
@@ -831,6 +992,7 @@ def main():
     if a.keep_unformatted and keep_candidate is not None:
         with open(a.keep_unformatted, "wb") as f:
             f.write(keep_candidate)
+    data_holes = sum(1 for c in data_changes if is_discard(c.rec))
     print(f"{a.name}: {total} crash states checked ({counts['boundary']} at "
           f"flush returns, {counts['subset']} with later changes, "
           f"{counts['torn']} with torn writes, 1 at the end of the log"
@@ -839,8 +1001,12 @@ def main():
              if a.repair_dirty else "")
           + f"; {counts['in flight']} with requests in flight, "
           f"{counts['holding one']} holding part of one) from "
-          f"{len(changes)} changes ({ndiscards} discards, {ncuts} cuts) and "
-          f"{len(flushes)} device flushes, {len(client_flushes)} client "
+          f"{len(changes)} changes ({ndiscards} discards, {ncuts} cuts"
+          + (f"; {len(data_changes)} to the data file, {data_holes} of them "
+             f"holes" if files == 2 else "")
+          + f") and {len(flushes)} device flushes"
+          + (f" ({len(data_flushes)} of the data file)" if files == 2 else "")
+          + f", {len(client_flushes)} client "
           f"flushes ({sent_in_flight} sent with requests in flight): "
           + ("none corrupt, none with lost flushed data" if not failures else
              f"{len(failures)} FAILED"))
