@@ -26,9 +26,12 @@
 #              release clusters to be discarded, three rounds; then the
 #              whole disk trimmed (the plugin form cuts its file) and
 #              written again
-#   bitmaps    writes of 512 bytes to three clusters, zeroes and trims of
-#              whole clusters, a flush every few operations (for an image
-#              with persistent bitmaps: each operation marks them)
+#   mixed      writes of 512 bytes to three clusters anywhere, zeroes of
+#              such ranges and trims of whole clusters, a flush every few
+#              operations (for an image with persistent bitmaps: each
+#              operation marks them; with an external data file: data
+#              written in place there, whole clusters zeroed or trimmed
+#              given back, parts written with zeros)
 
 import os
 import random
@@ -134,7 +137,7 @@ elif name == "discard":
     for i in range(4):
         sh.write(*some_clusters(), True)
     sh.flush()
-elif name == "bitmaps":
+elif name == "mixed":
     clusters = size // cluster
     for i in range(40):
         kind = rng.randrange(6)

@@ -37,7 +37,7 @@ for form in filter plugin; do
         nbdinfo --map=qemu:dirty-bitmap:$b -- [ qemu-nbd -r -B $b -f qcow2 img.qcow2 ] > $b.map
     done
     [ $form = filter ] && truncate -s +12M img.qcow2
-    power_loss_run $name $form img.qcow2 bitmaps 65536 9 0
+    power_loss_run $name $form img.qcow2 mixed 65536 9 0
     power_loss_check $name $((8 * M)) --states "$STATES" --seed 9 \
         --initial-raw bitmaps.raw --bitmap daily=daily.map --bitmap fine=fine.map \
         --frozen-bitmap frozen=frozen.map
