@@ -2,27 +2,34 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Power loss: every write and flush that reaches the storage is logged
 # (tests/record-plugin under the filter, tests/record-shim inside nbdkit
-# for the plugin form), and crash states rebuilt from the log must pass
-# qemu-img check without corruption and keep what every returned flush
-# made durable (tests/power-loss-check.py says how they are made).  This
-# test is the filter form; test-power-loss-plugin.sh runs it for the
-# plugin form (POWER_LOSS_FORMS), so that make check runs both at once.
-# For each form: qcow2-create and the first writes into the image it made,
-# first writes into a new image, copy-on-write of compressed clusters,
-# compressed writes, refcount table growth, the reuse of freed
-# clusters in a file that is full, and released clusters discarded in
-# the storage (trims to the recording plugin, holes punched and the file
-# cut by the plugin form), after which no crash state may refer to a
-# discarded range; writes to a LUKS-encrypted image, and writes to an
-# image with internal snapshots (which every state must still hold as
-# they were), and to one with extended L2 entries (subclusters) and a
-# snapshot.  The client sends batches of writes, zeroes and trims at
-# once over three connections (some with FUA, flushes sent while requests
-# are in flight), and the storage serves them in parallel and logs in
-# device order: crash states include changes that were in flight.  A
-# self-check per form: the checker must find flushed data lost when the
-# replay ignores the device's flushes.  Every workload is a section
-# (functions.sh: QCOW2ZSTD_SECTIONS=test-power-loss:filter-create ...).
+# for the plugin form; for an image with an external data file, which
+# the engine opens itself, the shim in both forms, logging the image and
+# the data file in one log), and crash states rebuilt from the log must
+# pass qemu-img check without corruption and keep what every returned
+# flush made durable (tests/power-loss-check.py says how they are made).
+# This test is the filter form; test-power-loss-plugin.sh runs it for
+# the plugin form (POWER_LOSS_FORMS), so that make check runs both at
+# once.  For each form: qcow2-create and the first writes into the
+# image it made, first writes into a new image, copy-on-write of
+# compressed clusters, compressed writes, refcount table growth, the
+# reuse of freed clusters in a file that is full, and released clusters
+# discarded in the storage (trims to the recording plugin, holes punched
+# and the file cut by the plugin form), after which no crash state may
+# refer to a discarded range; writes to a LUKS-encrypted image, and
+# writes to an image with internal snapshots (which every state must
+# still hold as they were), and to one with extended L2 entries
+# (subclusters) and a snapshot; writes, zeroes and trims to images with
+# an external data file, data_file_raw off and on (every flush makes
+# the data file durable before the image that maps it).  The client
+# sends batches of writes, zeroes and trims at once over three
+# connections (some with FUA, flushes sent while requests are in
+# flight), and the storage serves them in parallel and logs in device
+# order: crash states include changes that were in flight.  A self-check
+# per form: the checker must find flushed data lost when the replay
+# ignores the device's flushes (and per data file section, when it
+# ignores only the data file's).  Every workload is a section
+# (functions.sh: QCOW2ZSTD_SECTIONS=test-power-loss:filter-create ...;
+# test-power-loss-plugin:plugin-create for the plugin form).
 # test-power-loss-meta.sh has the persistent bitmaps and the repair of
 # images left dirty.
 source "${top_srcdir:-.}/tests/functions.sh"
@@ -208,4 +215,37 @@ for form in ${POWER_LOSS_FORMS:-filter}; do
         power_loss_check $name $((8 * M)) --states "$STATES" --seed 9 \
             --initial-raw active.raw --snapshot 1=snap1.raw
     fi
+
+    # 11. An external data file, with data_file_raw off and on: guest data
+    # written in place into the data file (which every flush makes
+    # durable before the image file, whose tables map it), parts of
+    # clusters zeroed with zeros written, whole clusters zeroed or
+    # trimmed punched out of it.  Half the disk holds data to begin with
+    # (written over in place), half is unallocated (first writes).  The
+    # shim logs both files in one device order, in either form (the
+    # filter over nbdkit's file plugin); a crash state is the image and
+    # its data file, found by the relative name in the image's header.
+    # Two self-checks: the replay ignoring every device flush, and only
+    # the data file's.
+    for raw in off on; do
+        name=$form-data-file
+        [ $raw = on ] && name=$form-data-file-raw
+        section $name || continue
+        rm -f img.qcow2 img.data
+        qemu-img convert -O qcow2 \
+            -o data_file=img.data,data_file_raw=$raw,cluster_size=65536 \
+            base.raw img.qcow2
+        qemu-io -c 'discard 4M 4M' img.qcow2 > /dev/null
+        qemu-img convert -O raw img.qcow2 active.raw
+        [ $form = filter ] && truncate -s +12M img.qcow2
+        power_loss_run --data-file img.data $name $form img.qcow2 mixed 65536 10 0
+        extra=(--expect-discards)
+        [ $raw = on ] && extra+=(--data-file-raw)
+        power_loss_self_check $name $((8 * M)) --states 16 --seed 10 \
+            --initial-raw active.raw
+        power_loss_self_check $name $((8 * M)) --states 16 --seed 10 \
+            --initial-raw active.raw --self-check data-file
+        power_loss_check $name $((8 * M)) --states "$STATES" --seed 10 \
+            --initial-raw active.raw "${extra[@]}"
+    done
 done
