@@ -287,7 +287,7 @@ build ()
 run_tests ()
 {
     local name=$1 t fails=()
-    QCOW2ZSTD_CALL_TIMEOUT=${QCOW2ZSTD_CALL_TIMEOUT:-120} \
+    QCOW2ZSTD_CALL_TIMEOUT=${QCOW2ZSTD_CALL_TIMEOUT:-60} \
     QCOW2ZSTD_SECTIONS="${SECTIONS[*]}" \
         make -C "$build" -j"$jobs" check TESTS="${TARGETS[*]}" \
             "${PROGRAMS[@]}" > "$log/$name.check" 2>&1 || true
