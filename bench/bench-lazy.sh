@@ -118,9 +118,8 @@ echo "Disk: empty plain qcow2 of $BENCH_LAZY_SIZE, 64k clusters; device: nbdkit 
 echo "Job: fio --ioengine=nbd, 1 connection, randwrite 4k QD16, $BENCH_LAZY_WRITES writes (each block at most once), a flush every $BENCH_LAZY_FSYNC writes and at the end, inside the timing"
 echo "Runs: $BENCH_RUNS, contenders alternating (and which goes first turning)"
 for rep in $(seq "$BENCH_RUNS"); do
-    n=${#CONTENDERS[@]}
-    order=("${CONTENDERS[@]:rep % n}" "${CONTENDERS[@]:0:rep % n}")
-    for k in "${order[@]}"; do
+    turns "$rep" "${CONTENDERS[@]}"
+    for k in "${ORDER[@]}"; do
         msg "repetition $rep/$BENCH_RUNS: ${LABEL[$k]}"
         measure "$k" "$rep"
     done

@@ -47,6 +47,16 @@ need_cmds ()
     done
 }
 
+# turns REP ITEM...: ORDER is the items turned left REP times, so that
+# which contender goes first changes with every repetition.
+turns ()
+{
+    local rep=$1
+    shift
+    local items=("$@")
+    ORDER=("${items[@]:rep % $#}" "${items[@]:0:rep % $#}")
+}
+
 # GNU time is what measures the client; install it if missing (we are
 # root on the bench machines).
 ensure_gnu_time ()
