@@ -217,9 +217,8 @@ measure ()
     json=$RUN_DIR/$name.fio.json
     prepare_image "$img"
     # The previous run's dirty pages and this copy's go to disk first:
-    # written back during a run, they would slow whoever runs next (with
-    # three contenders in turn, one follows qemu-nbd twice as often as the
-    # other: 0.90x of an identical build, measured).
+    # written back during a run, they slow whoever runs then (with three
+    # contenders in turn, one follows qemu-nbd twice as often as another).
     sync
     a0=$(alloc_bytes "$img")
     if [ "$kind" = filter ]; then
