@@ -140,7 +140,7 @@ power_loss_self_check ()
         --log "$name.log" --shadow "$name.shadow" --initial "$initial" \
         "${data[@]}" --size "$size" --workdir "$name.self-check" \
         --self-check "$@" ||
-        fail "$name: the checker found nothing wrong with a replay that ignores device flushes"
+        fail "$name: the self-check failed (above: the checker found no flushed data lost when the replay ignores flushes, or could not run)"
     rm -rf "$name.self-check"
 }
 
