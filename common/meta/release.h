@@ -19,7 +19,8 @@
  * Offers: the queue (qcow2_free_later, qcow2_take_frees,
  * qcow2_frees_mark, qcow2_apply_frees, qcow2_return_frees,
  * qcow2_pending_frees) and the clusters held back
- * (qcow2_alloc_released, qcow2_alloc_reuse_released).
+ * (qcow2_alloc_released, qcow2_alloc_cut_released,
+ * qcow2_alloc_discard_released, qcow2_alloc_reuse_released).
  * Locks: every call with the image lock held exclusively, but
  * qcow2_alloc_discard_released, with none.
  * Needs: the refcounts, the regions, the allocator's packing, the
