@@ -94,6 +94,7 @@ grace-skipped       | qcow2_inflight_wait  | any    | start:return;             
 corrupt-bit-overwritten | qcow2_pwrite_dirty_bit | any | replace:^\s*if \(r == 0 && atomic_load \(&img->corrupt\)\) \{:  if (0) { | test-engine-writeback
 l2-read-exclusive   | commit_run           | any    | replace:^  if \(exclusive && !looked_up\) \{:  if (0 && !looked_up) { | test-engine-writeback
 reads-unregistered  | read_range           | any    | replace:^\s*if \(!registered\) \{:    if (0) { | test-engine-writeback
+copy-full-not-relooked | share_verified    | any    | replace:^\s*\? 0 . QCOW2_DEDUP_NO_SHARE;:      ? QCOW2_DEDUP_NO_SHARE : QCOW2_DEDUP_NO_SHARE; | test-shared
 data-file-unflushed | qcow2_flush_logged   | any    | replace:^\s*if \(img->data_io && img->data_io->flush\) \{:  if (0) { | test-power-loss:*-data-file* test-power-loss-plugin:*-data-file*
 EOF
 )

@@ -358,7 +358,13 @@ share_verified (struct commit *commit, size_t i, struct placing *p, size_t b)
                   "compressed entry 0x%" PRIx64, commit->first + i,
                   r ? "shares" : "cannot share", ctx->dedup[b]);
   if (r == 0) {
-    ctx->dedup[b] = QCOW2_DEDUP_NO_SHARE;
+    /* The copy filled up (or went) since the batch found it.  Writes in
+     * flight with the same data each find it full at once; compressed,
+     * this cluster looks in the table again when placed, and shares the
+     * copy the first of them made, as a serial write would.
+     */
+    ctx->dedup[b] = p->verify_rounds < MAX_VERIFY_ROUNDS
+      ? 0 : QCOW2_DEDUP_NO_SHARE;
     ctx->result[b] = QCOW2_COMPRESS_PENDING;
     return stop (p, b, PLACE_COMPRESS);
   }

@@ -48,7 +48,9 @@
                                                      checked and shared */
 #define QCOW2_COMPRESS_PENDING (INT64_MIN + 2)    /* sharing failed: to be
                                                      compressed now */
-/* In dedup[i]: a copy was tried and could not be shared; try no other. */
+/* In dedup[i]: a copy was tried and held other data, or the tries are
+ * used up; try no other.
+ */
 #define QCOW2_DEDUP_NO_SHARE 1
 struct compress_ctx {
   struct compress_ctx *next_free;
