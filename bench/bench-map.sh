@@ -23,7 +23,8 @@
 # Knobs (environment):
 #   BENCH_RUNS=N        repetitions (default 5, quick 3)
 #   BENCH_MAP_SIZE=SIZE disk size (default 256T, quick 16T)
-#   BENCH_MAP_WRITES=N  clusters written (default 2000, quick 200)
+#   BENCH_MAP_WRITES=N  clusters written (default 2000, quick 200; 0: an
+#                       empty disk, whose map is one extent per request)
 #   BENCH_DIR=DIR       work dir (the image is kept there)
 #   FILTER=PATH         the filter .so (default: this build tree)
 
@@ -48,12 +49,14 @@ if [ ! -f "$img" ]; then
     qemu-img create -q -f qcow2 -o cluster_size=65536 "$img.tmp" "$BENCH_MAP_SIZE"
     vsize=$(qemu-img info --output=json "$img.tmp" |
                 sed -n 's/.*"virtual-size": \([0-9]*\).*/\1/p')
-    step=$(( (vsize / BENCH_MAP_WRITES) & ~65535 ))
-    args=()
-    for i in $(seq 0 $((BENCH_MAP_WRITES - 1))); do
-        args+=(-c "write -P $((i % 250 + 1)) $((i * step + 65536)) 64k")
-    done
-    qemu-io -f qcow2 "${args[@]}" "$img.tmp" > /dev/null
+    if [ "$BENCH_MAP_WRITES" -gt 0 ]; then
+        step=$(( (vsize / BENCH_MAP_WRITES) & ~65535 ))
+        args=()
+        for i in $(seq 0 $((BENCH_MAP_WRITES - 1))); do
+            args+=(-c "write -P $((i % 250 + 1)) $((i * step + 65536)) 64k")
+        done
+        qemu-io -f qcow2 "${args[@]}" "$img.tmp" > /dev/null
+    fi
     mv "$img.tmp" "$img"
 fi
 
