@@ -100,26 +100,16 @@ EOF
 print_machine "Random read benchmark"
 echo "Images: $IMG_DIR/{zstd,zlib}.qcow2 (qemu-img convert -c, 64k clusters) and raw.img; job: randread 4k QD16, ${BENCH_RANDREAD_RUNTIME} s (after 2 s ramp), $BENCH_RUNS run(s); zstd-hot: the first $BENCH_HOT"
 [ -z "$FILTER2" ] || echo "Filter (2): $FILTER2 (sha256 $(sha256sum "$FILTER2" | cut -c1-12)...)"
-for rep in $(seq "$BENCH_RUNS"); do
-    for job in "${JOBS[@]}"; do
-        turns "$rep" "${CONTENDERS[@]}"
-        for kind in "${ORDER[@]}"; do
-            msg "$job, ${LABEL[$kind]} (run $rep/$BENCH_RUNS)"
-            measure "$kind" "$job"
-        done
-    done
-done
+rounds
 
 echo
 echo "Read IOPS, median of $BENCH_RUNS:"
 printf '  %-20s' contender
-for job in "${JOBS[@]}"; do printf ' %10s' "$job"; done
+job_cells
 echo
 for kind in "${CONTENDERS[@]}"; do
     printf '  %-20s' "${LABEL[$kind]}"
-    for job in "${JOBS[@]}"; do
-        printf ' %10s' "$(fmt 0 "$(median < "$RES_DIR/$job.$kind")")"
-    done
+    job_cells "$kind"
     echo
 done
 echo

@@ -153,26 +153,16 @@ print_machine "Stall benchmark"
 echo "Image: $BENCH_STALL_SIZE of random data, plain qcow2, 16k clusters, every cluster allocated ($L2_TABLES L2 tables; small-l2: $((SMALL_L2 / 1024)) KiB of L2 cache, $((SMALL_L2 / CLUSTER)) tables)"
 echo "Slow device: nbdkit's delay filter, ${DELAYS[*]}; job: randrw 50/50 4k QD16, ${BENCH_STALL_RUNTIME} s (after 2 s ramp), $BENCH_RUNS run(s)"
 [ -z "$FILTER2" ] || echo "Filter (2): $FILTER2 (sha256 $(sha256sum "$FILTER2" | cut -c1-12)...)"
-for rep in $(seq "$BENCH_RUNS"); do
-    for job in "${JOBS[@]}"; do
-        turns "$rep" "${CONTENDERS[@]}"
-        for kind in "${ORDER[@]}"; do
-            msg "$job, ${LABEL[$kind]} (run $rep/$BENCH_RUNS)"
-            measure "$kind" "$job"
-        done
-    done
-done
+rounds
 
 echo
 echo "IOPS of the randrw job (reads + writes), median of $BENCH_RUNS:"
 printf '  %-16s' contender
-for job in "${JOBS[@]}"; do printf ' %10s' "$job"; done
+job_cells
 printf ' %12s %14s %10s\n' trims/plain small-l2/plain "trims sent"
 for kind in "${CONTENDERS[@]}"; do
     printf '  %-16s' "${LABEL[$kind]}"
-    for job in "${JOBS[@]}"; do
-        printf ' %10s' "$(fmt 0 "$(median < "$RES_DIR/$job.$kind")")"
-    done
+    job_cells "$kind"
     p=$(median < "$RES_DIR/plain.$kind")
     printf ' %11sx %13sx %10s\n' \
         "$(fmt 2 "$(ratio "$(median < "$RES_DIR/trims.$kind")" "$p")")" \

@@ -57,6 +57,38 @@ turns ()
     ORDER=("${items[@]:rep % $#}" "${items[@]:0:rep % $#}")
 }
 
+# job_cells [KIND]: cells of a table row, no newline: the median of
+# $RES_DIR/JOB.KIND for each job of JOBS, or without KIND the jobs'
+# names (the header of those cells).
+job_cells ()
+{
+    local job
+    for job in "${JOBS[@]}"; do
+        if [ $# -eq 0 ]; then
+            printf ' %10s' "$job"
+        else
+            printf ' %10s' "$(fmt 0 "$(median < "$RES_DIR/$job.$1")")"
+        fi
+    done
+}
+
+# rounds: BENCH_RUNS rounds in which every job of JOBS is measured by
+# every contender of CONTENDERS (named by LABEL), in turns, each by a
+# call of the script's own measure KIND JOB.
+rounds ()
+{
+    local rep job kind
+    for rep in $(seq "$BENCH_RUNS"); do
+        for job in "${JOBS[@]}"; do
+            turns "$rep" "${CONTENDERS[@]}"
+            for kind in "${ORDER[@]}"; do
+                msg "$job, ${LABEL[$kind]} (run $rep/$BENCH_RUNS)"
+                measure "$kind" "$job"
+            done
+        done
+    done
+}
+
 # GNU time is what measures the client; install it if missing (we are
 # root on the bench machines).
 ensure_gnu_time ()

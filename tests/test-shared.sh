@@ -73,14 +73,20 @@ for bits in 1 2; do
 done
 
 # Identical clusters with refcount_bits=2: a copy takes at most three
-# references (two shares), then a new copy is made.
+# references (two shares), then a new copy is made.  same9 WHAT: the one
+# cluster copied in nine times with copy_flags, into a new image; it
+# must hold three copies.
 $PYTHON -c 'import sys; d = open("distinct.raw", "rb").read(65536); sys.stdout.buffer.write(d * 9)' > same9.raw
-rm -f narrow.qcow2
-qemu-img create -q -f qcow2 -o refcount_bits=2,cluster_size=64k narrow.qcow2 576K
-truncate -s +2M narrow.qcow2
-copy_in narrow.qcow2 same9.raw "refcount_bits=2, same data" qcow2-compress=true
-check_image narrow.qcow2 same9.raw "refcount_bits=2, same data"
-expect_sharing narrow.qcow2 9 3 "refcount_bits=2, same data"
+same9 ()
+{
+    rm -f narrow.qcow2
+    qemu-img create -q -f qcow2 -o refcount_bits=2,cluster_size=64k narrow.qcow2 576K
+    truncate -s +2M narrow.qcow2
+    copy_in narrow.qcow2 same9.raw "$1" qcow2-compress=true
+    check_image narrow.qcow2 same9.raw "$1"
+    expect_sharing narrow.qcow2 9 3 "$1"
+}
+same9 "refcount_bits=2, same data"
 echo "refcount_bits=2, one cluster written 9 times: 3 copies of 3 references each, check clean, identical"
 
 # The same, with the nine requests in flight at once: writes that find
@@ -91,12 +97,7 @@ echo "refcount_bits=2, one cluster written 9 times: 3 copies of 3 references eac
 for run in 1 2 3 4 5 6 7; do
     copy_flags=(--connections=4 --requests=64 --request-size=65536)
     [ $run = 7 ] && copy_flags=(--connections=1 --requests=1 --request-size=1048576)
-    rm -f narrow.qcow2
-    qemu-img create -q -f qcow2 -o refcount_bits=2,cluster_size=64k narrow.qcow2 576K
-    truncate -s +2M narrow.qcow2
-    copy_in narrow.qcow2 same9.raw "refcount_bits=2, same data in flight, run $run" qcow2-compress=true
-    check_image narrow.qcow2 same9.raw "refcount_bits=2, same data in flight, run $run"
-    expect_sharing narrow.qcow2 9 3 "refcount_bits=2, same data in flight, run $run"
+    same9 "refcount_bits=2, same data in flight, run $run"
 done
 copy_flags=(--connections=1 --requests=1 --request-size=65536)
 echo "refcount_bits=2, one cluster written 9 times by 9 requests in flight (6 runs) and in one request: 3 copies of 3 references each, check clean, identical"
