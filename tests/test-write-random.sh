@@ -58,6 +58,9 @@ done
 # the plugin itself after each 64 MiB written (so that the final flush
 # does not wait for all of it).  The log filter under it sees the
 # flushes while the client is still connected and has not flushed.
+# Then 80 MiB more in 4 KiB writes scattered over the disk: small writes
+# never flush early (a flush per 64 MiB of them halved the rate of 4 KiB
+# random writes into a local file).
 if ! nbdkit --filter=log null --dump-plugin >/dev/null 2>&1; then
     skip_section "early flush: nbdkit has no log filter"
     exit 0
@@ -83,6 +86,14 @@ n = flushes() - before
 print("early flush: %d flushes of the plugin during 200 MiB of writes" % n)
 if n < 2:
     sys.exit("expected at least 2 flushes (one per 64 MiB written), saw %d" % n)
+before = flushes()
+small = os.urandom(4096)
+for i in range(20480):
+    h.pwrite(small, (i * 7919 % 51200) * 4096)
+n = flushes() - before
+print("early flush: %d flushes of the plugin during 80 MiB of 4 KiB writes" % n)
+if n != 0:
+    sys.exit("4 KiB writes flushed the plugin early %d times" % n)
 h.shutdown()
 EOF
 stop_server
