@@ -18,7 +18,6 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/zeros.h"
 #include "format/codec.h"
 
 struct job {
@@ -39,12 +39,6 @@ struct job {
   atomic_size_t clusters, bytes_out;
   atomic_int failed;
 };
-
-static bool
-all_zero (const uint8_t *p, size_t len)
-{
-  return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
-}
 
 static void *
 worker (void *arg)
@@ -68,7 +62,7 @@ worker (void *arg)
 
     if (len < job->cluster_size)
       continue;                 /* the partial last cluster: not timed */
-    if (all_zero (in, job->cluster_size))
+    if (qcow2_all_zero (in, job->cluster_size))
       continue;
     r = qcow2_encode_cluster (enc, job->type, job->level, in,
                               job->cluster_size, out, job->cluster_size - 1,

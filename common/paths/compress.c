@@ -15,6 +15,7 @@
 #include "base/lockorder.h"
 #include "base/inflight.h"
 #include "base/pool.h"
+#include "base/zeros.h"
 #include "format/codec.h"
 #include "format/entries.h"
 #include "meta/log.h"
@@ -37,13 +38,6 @@ qcow2_compress_batch_max (const struct qcow2_image *img)
   if (n > BATCH_MAX_CLUSTERS)
     n = BATCH_MAX_CLUSTERS;
   return n ? n : 1;
-}
-
-static bool
-all_zero (const uint8_t *p, size_t len)
-{
-  /* The first byte, then the buffer against itself shifted by one. */
-  return len == 0 || (p[0] == 0 && memcmp (p, p + 1, len - 1) == 0);
 }
 
 /* The compressor threads.
@@ -120,7 +114,7 @@ compress_job (void *arg, size_t index, void *state)
             cluster_size - ctx->src_len[index]);
     in = c->scratch;
   }
-  if (all_zero (in, cluster_size)) {
+  if (qcow2_all_zero (in, cluster_size)) {
     ctx->result[index] = QCOW2_COMPRESS_ALL_ZERO;
     return;
   }
