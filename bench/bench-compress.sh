@@ -256,9 +256,6 @@ if wants headline; then
     encode_built=$(cd "$(dirname "$FILTER_ORIG")/../../.." && pwd)/bench/bench-encode
     [ -x "$encode_built" ] || die "$encode_built is not built (make)"
     cp -f "$encode_built" "$ENCODE"
-fi
-
-if wants headline; then
     for type in "${TYPES[@]}"; do
         for rep in $(seq "$BENCH_RUNS"); do
             msg "headline $type: encode bound, repetition $rep/$BENCH_RUNS"

@@ -69,23 +69,18 @@ assert any(not e["data"] for e in m), "no unallocated range"
 assert any(e["data"] and "offset" in e for e in m), "no uncompressed data cluster"
 EOF
         echo "create cluster $cs $type: check clean, identical, compressed, zero clusters unallocated"
+        # zlib at the default level deflates each cluster to the very
+        # stream qemu-img convert -c writes (same zlib, same level and
+        # window), so an image made here is never larger than qemu's for
+        # want of compression.
+        if [ $type = zlib ] && { [ $cs = 64K ] || [ $cs = 2M ]; }; then
+            rm -f qemu.qcow2
+            qemu-img convert -c -O qcow2 -o cluster_size=$cs,compression_type=zlib src.raw qemu.qcow2
+            n=$($PYTHON "$top_srcdir/tests/zlib-streams.py" new.qcow2 qemu.qcow2) ||
+                fail "zlib $cs: the deflate streams are not qemu-img's"
+            echo "zlib $cs, default level: all $n compressed clusters deflate to qemu-img convert -c's bytes"
+        fi
     done
-done
-
-# zlib at the default level deflates each cluster to the very stream
-# qemu-img convert -c writes (same zlib, same level and window), so an
-# image made here is never larger than qemu's for want of compression.
-for cs in 64K 2M; do
-    rm -f new.qcow2 qemu.qcow2
-    truncate -s 24M new.qcow2
-    start_server "$PWD/sock" file new.qcow2 qcow2-create="$size" \
-        qcow2-cluster-size=$cs qcow2-compression-type=zlib
-    nbdcopy src.raw "$(nbd_uri "$PWD/sock")"
-    stop_server
-    qemu-img convert -c -O qcow2 -o cluster_size=$cs,compression_type=zlib src.raw qemu.qcow2
-    n=$($PYTHON "$top_srcdir/tests/zlib-streams.py" new.qcow2 qemu.qcow2) ||
-        fail "zlib $cs: the deflate streams are not qemu-img's"
-    echo "zlib $cs, default level: all $n compressed clusters deflate to qemu-img convert -c's bytes"
 done
 
 # A level and the other knobs.
