@@ -345,6 +345,8 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
    * goes before readers that come after it (base/lockorder.h).
    */
   qcow2_rwlock_init (&img->lock, QCOW2_RANK_IMAGE, "the image lock");
+  qcow2_mutex_init (&img->first_change_lock, QCOW2_RANK_FIRST_CHANGE,
+                    "the first change's lock");
   qcow2_inflight_init (&img->inflight);
 
   size = io->size (io->opaque);
@@ -495,6 +497,7 @@ qcow2_image_close (struct qcow2_image *img)
   qcow2_data_file_close (img);
   qcow2_inflight_destroy (&img->inflight);
   qcow2_rwlock_destroy (&img->lock);
+  qcow2_mutex_destroy (&img->first_change_lock);
   free (img);
 }
 

@@ -40,6 +40,7 @@
 
 #include "qcow2.h"
 #include "meta/corrupt.h"
+#include "lock-watch.h"
 #include "session.h"
 #include "unit.h"
 #include "util.h"
@@ -1198,73 +1199,126 @@ test_first_change (void)
   session_close (&s);
 }
 
-/* An allocating commit that needs the image lock exclusively from the
- * start (a compressed write here) reads an L2 table that is not in
- * memory with the lock shared, before it takes it exclusively: no read
- * of the storage is made with the image lock held exclusively.  An L2
- * cache of one table, two tables written in turn, a flush after each
- * write so that the other table is let go from memory.
+/* No storage call is made with the image lock held exclusively, which
+ * would stop every reader and writer of the image for a device round
+ * trip (tests/support/lock-watch.h):
+ * - the first change (qcow2-lazy-refcounts: the dirty bit and its flush)
+ *   is made before a writer takes the lock exclusively;
+ * - an allocating commit that needs the lock exclusively from the start
+ *   (a compressed write here) reads an L2 table that is not in memory
+ *   with the lock shared first: an L2 cache of one table, two tables
+ *   written in turn, a flush after each write so that the other table is
+ *   let go from memory;
+ * - the released clusters of trims are discarded with no lock held.
  */
-struct exclusive_reads {
-  struct session *s;
-  unsigned reads, exclusive;
-};
-
 static void
-count_exclusive_reads (struct mem_io *m, uint64_t offset, size_t count,
-                       void *arg)
-{
-  struct exclusive_reads *h = arg;
-
-  /* One thread makes the engine's calls here: a read lock it cannot
-   * have is one it holds for writing.
-   */
-  h->reads++;
-  if (pthread_rwlock_tryrdlock (&h->s->img->lock.l) == 0)
-    pthread_rwlock_unlock (&h->s->img->lock.l);
-  else
-    h->exclusive++;
-}
-
-static void
-test_no_read_exclusive (void)
+test_no_io_exclusive (void)
 {
   const uint64_t C = 4096, table_span = C * (C / 8);
   const struct new_image spec = {
     3, 12, 4, QCOW2_COMPRESSION_ZLIB, 4 * table_span, 4 * MiB, 0,
   };
   struct qcow2_options opts = default_options;
-  struct exclusive_reads h = { 0 };
+  struct lock_watch w;
   uint8_t buf[4096];
   struct session s;
 
   opts.writable = true;
   opts.compress = true;
+  opts.lazy_refcounts = true;
+  opts.discard = QCOW2_DISCARD_UNMAP;
   opts.l2_cache_size = C;
-  CHECK_EQ (session_open_new (&s, &spec, 0, &opts), 0);
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_DISCARD, &opts), 0);
   if (s.conn == NULL) {
     session_close (&s);
     return;
   }
-  /* Both tables made, on disk, and out of memory but for one. */
+  lock_watch_install (&w, &s.mio.io, &s.img->lock.l);
+  /* The first change, then both tables made, on disk, and out of memory
+   * but for one.
+   */
   fill_pattern (buf, C, 1);
   CHECK_EQ (do_write (&s, buf, C, 0, false), 0);
+  CHECK (get64 (s.mio.data + 72) & QCOW2_INCOMPAT_DIRTY);
   CHECK_EQ (do_write (&s, buf, C, table_span, false), 0);
   CHECK_EQ (do_flush (&s), 0);
-  h.s = &s;
-  s.mio.pread_hook = count_exclusive_reads;
-  s.mio.pread_hook_arg = &h;
   for (unsigned k = 0; k < 8; ++k) {
     fill_pattern (buf, C, 10 + k);
     CHECK_EQ (do_write (&s, buf, C, (k % 2) * table_span + (k / 2 + 1) * C,
                         false), 0);
     CHECK_EQ (do_flush (&s), 0);
   }
-  s.mio.pread_hook = NULL;
-  CHECK (h.reads >= 8);
-  CHECK_EQ (h.exclusive, 0);
+  /* Every packed host cluster freed, and discarded. */
+  for (unsigned k = 0; k < 2; ++k) {
+    CHECK_EQ (do_trim (&s, 5 * C, k * table_span, false), 0);
+    CHECK_EQ (do_flush (&s), 0);
+  }
+  CHECK_EQ (do_flush (&s), 0);
+  CHECK (atomic_load (&w.calls[WATCH_PREAD]) >= 8);
+  CHECK (atomic_load (&w.calls[WATCH_PWRITE]) > 0);
+  CHECK (atomic_load (&w.calls[WATCH_FLUSH]) > 0);
+  CHECK (atomic_load (&w.calls[WATCH_DISCARD]) > 0);
+  if (lock_watch_exclusive (&w))
+    lock_watch_report (&w, "test_no_io_exclusive");
+  CHECK_EQ (lock_watch_exclusive (&w), 0);
+  lock_watch_remove (&w);
+  /* A clean close: the refcounts written, the dirty bit cleared. */
+  mem_io_engine_call = true;
+  CHECK_EQ (qcow2_finish (s.img, &s.mio.io), 0);
+  mem_io_engine_call = false;
+  CHECK_EQ (get64 (s.mio.data + 72) & QCOW2_INCOMPAT_DIRTY, 0);
   check_file (s.mio.data, s.mio.size, true, "after the compressed writes");
   session_close (&s);
+}
+
+/* The releases of a trim read the refcount blocks they change, when not
+ * in memory yet, before the writeback takes the image lock exclusively
+ * to apply them: clusters past the first block's 8 MiB, written in one
+ * session and trimmed in the next.
+ */
+static void
+test_no_io_exclusive_release (void)
+{
+  const uint64_t C = 4096, len = 10 * MiB;
+  const struct new_image spec = {
+    3, 12, 4, QCOW2_COMPRESSION_ZLIB, 16 * MiB, 16 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  struct lock_watch w;
+  uint8_t *buf = xmalloc (len);
+  struct session s;
+
+  opts.writable = true;
+  opts.discard = QCOW2_DISCARD_UNMAP;
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_DISCARD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (buf);
+    return;
+  }
+  fill_pattern (buf, len, 5);
+  CHECK_EQ (do_write (&s, buf, len, 0, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  session_close_image (&s);
+  CHECK_EQ (session_open_io (&s, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (buf);
+    return;
+  }
+  lock_watch_install (&w, &s.mio.io, &s.img->lock.l);
+  CHECK_EQ (do_trim (&s, 256 * C, len - 256 * C, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  CHECK (atomic_load (&w.calls[WATCH_PREAD]) > 0);
+  CHECK (atomic_load (&w.calls[WATCH_DISCARD]) > 0);
+  if (lock_watch_exclusive (&w))
+    lock_watch_report (&w, "test_no_io_exclusive_release");
+  CHECK_EQ (lock_watch_exclusive (&w), 0);
+  lock_watch_remove (&w);
+  check_file (s.mio.data, s.mio.size, true, "after the trim");
+  session_close (&s);
+  free (buf);
 }
 
 /* A header write of the dirty bit (qcow2-lazy-refcounts' first change)
@@ -1412,7 +1466,8 @@ main (void)
   test_concurrent (true, true);
   test_first_change ();
   test_corrupt_bit_kept ();
-  test_no_read_exclusive ();
+  test_no_io_exclusive ();
+  test_no_io_exclusive_release ();
   test_reclaim_plain ();
   test_reclaim_compressed ();
   test_grace_period ();

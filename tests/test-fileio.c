@@ -17,17 +17,21 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "qcow2.h"
 #include "base/fileio.h"
+#include "lock-watch.h"
+#include "meta/image.h"
 #include "oracle.h"
 #include "session.h"
 #include "unit.h"
@@ -173,6 +177,255 @@ test_flushes_sync (void)
   free (buf);
 }
 
+/* The file's free tail is cut with no image lock held, as the discards
+ * are (meta/release.h): written clusters at the end of a growable image,
+ * trimmed with qcow2-discard=unmap, leave the file shorter after the
+ * writebacks, and no storage call was made with the image lock held
+ * exclusively (tests/support/lock-watch.h).  qemu reads the image.
+ */
+static void
+test_tail_cut_unlocked (void)
+{
+  char path[4200];
+  struct qcow2_io io;
+  struct qcow2_create_options c = {
+    .virtual_size = 8 * MiB, .cluster_bits = 16,
+    .compression_type = QCOW2_COMPRESSION_ZLIB,
+  };
+  struct qcow2_options opts = default_options;
+  struct lock_watch w;
+  struct session s;
+  uint8_t *buf = xmalloc (2 * MiB);
+  struct stat st;
+  off_t written;
+  int fd, r;
+
+  snprintf (path, sizeof path, "%s/tail.qcow2", scratch_dir ());
+  fd = open (path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+  CHECK (fd >= 0);
+  if (fd >= 0)
+    close (fd);
+  CHECK_EQ (qcow2_fileio_open (path, true, &io), 0);
+  opts.writable = true;
+  opts.growable = true;
+  opts.discard = QCOW2_DISCARD_UNMAP;
+  memset (&s, 0, sizeof s);
+  session_log_init (&s);
+  mem_io_engine_call = true;
+  r = qcow2_create (&io, &s.qlog, &c, &opts, &s.img);
+  CHECK_EQ (r, 0);
+  if (r == 0)
+    s.conn = qcow2_conn_new (s.img);
+  CHECK (s.conn != NULL);
+  if (s.conn == NULL)
+    goto out;
+  fill_pattern (buf, 2 * MiB, 9);
+  CHECK_EQ (qcow2_write (s.conn, &io, buf, 1 * MiB, 0, false), 0);
+  CHECK_EQ (qcow2_write (s.conn, &io, buf, 2 * MiB, 4 * MiB, false), 0);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  CHECK_EQ (fstat (qcow2_fileio_fd (&io), &st), 0);
+  written = st.st_size;
+
+  lock_watch_install (&w, &io, &s.img->lock.l);
+  CHECK_EQ (qcow2_trim (s.img, &io, 2 * MiB, 4 * MiB, false), 0);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  CHECK (atomic_load (&w.calls[WATCH_TRUNCATE]) > 0);
+  if (lock_watch_exclusive (&w))
+    lock_watch_report (&w, "test_tail_cut_unlocked");
+  CHECK_EQ (lock_watch_exclusive (&w), 0);
+  lock_watch_remove (&w);
+  CHECK_EQ (fstat (qcow2_fileio_fd (&io), &st), 0);
+  CHECK (st.st_size <= written - 2 * (off_t) MiB);
+
+  /* Written again after the cut: the file grows back. */
+  CHECK_EQ (qcow2_write (s.conn, &io, buf, 1 * MiB, 6 * MiB, false), 0);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  mem_io_engine_call = false;
+  qcow2_conn_free (s.conn);
+  s.conn = NULL;
+  mem_io_engine_call = true;
+  qcow2_image_close (s.img);
+  mem_io_engine_call = false;
+  s.img = NULL;
+  CHECK_EQ (run_command ("qemu-img check -q '%s'", path), 0);
+  CHECK_EQ (run_command ("qemu-io -r -f qcow2 -c 'read -P 0 4M 2M' "
+                         "-c 'read -P 0x%02x 6M 1' '%s' > /dev/null",
+                         buf[0], path), 0);
+
+ out:
+  mem_io_engine_call = false;
+  if (s.conn)
+    qcow2_conn_free (s.conn);
+  if (s.img)
+    qcow2_image_close (s.img);
+  qcow2_fileio_close (&io);
+  CHECK_EQ (s.log.errors, 0);
+  free (buf);
+}
+
+/* A write that needs new clusters while the free tail is being cut
+ * waits for the cut, and lands after it: a file of the plugin form,
+ * whose truncate is held until the writer has either finished (it must
+ * not have) or waited a while.
+ */
+struct held_cut {
+  struct qcow2_io under;
+  struct qcow2_conn *conn;
+  struct qcow2_io *io;
+  const uint8_t *buf;
+  pthread_t writer;
+  bool started;
+  atomic_bool written;
+  int write_result;
+};
+
+static void *
+write_during_cut (void *arg)
+{
+  struct held_cut *h = arg;
+
+  h->write_result = qcow2_write (h->conn, h->io, h->buf, 1 * MiB, 7 * MiB,
+                                 false);
+  atomic_store (&h->written, true);
+  return NULL;
+}
+
+static int
+held_truncate (void *opaque, uint64_t size)
+{
+  struct held_cut *h = opaque;
+
+  if (!h->started) {
+    h->started = true;
+    CHECK_EQ (pthread_create (&h->writer, NULL, write_during_cut, h), 0);
+    /* A writer let through finishes at once; one held back waits for the
+     * writeback that cuts, which waits here.
+     */
+    for (int ms = 0; ms < 300 && !atomic_load (&h->written); ++ms)
+      usleep (1000);
+    CHECK (!atomic_load (&h->written));
+  }
+  return h->under.truncate (h->under.opaque, size);
+}
+
+static int
+held_pread (void *opaque, void *buf, size_t count, uint64_t offset)
+{
+  struct held_cut *h = opaque;
+  return h->under.pread (h->under.opaque, buf, count, offset);
+}
+
+static int
+held_pwrite (void *opaque, const void *buf, size_t count, uint64_t offset)
+{
+  struct held_cut *h = opaque;
+  return h->under.pwrite (h->under.opaque, buf, count, offset);
+}
+
+static int
+held_flush (void *opaque)
+{
+  struct held_cut *h = opaque;
+  return h->under.flush (h->under.opaque);
+}
+
+static int64_t
+held_size (void *opaque)
+{
+  struct held_cut *h = opaque;
+  return h->under.size (h->under.opaque);
+}
+
+static int
+held_discard (void *opaque, uint64_t count, uint64_t offset)
+{
+  struct held_cut *h = opaque;
+  return h->under.discard (h->under.opaque, count, offset);
+}
+
+static void
+test_write_during_cut (void)
+{
+  char path[4200];
+  struct qcow2_io file_io, io;
+  struct qcow2_create_options c = {
+    .virtual_size = 8 * MiB, .cluster_bits = 16,
+    .compression_type = QCOW2_COMPRESSION_ZLIB,
+  };
+  struct qcow2_options opts = default_options;
+  struct held_cut h = { .started = false };
+  struct session s;
+  uint8_t *buf = xmalloc (2 * MiB), *back = xmalloc (1 * MiB);
+  int fd, r;
+
+  snprintf (path, sizeof path, "%s/cut.qcow2", scratch_dir ());
+  fd = open (path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+  CHECK (fd >= 0);
+  if (fd >= 0)
+    close (fd);
+  CHECK_EQ (qcow2_fileio_open (path, true, &file_io), 0);
+  h.under = file_io;
+  io = (struct qcow2_io) {
+    .opaque = &h, .pread = held_pread, .pwrite = held_pwrite,
+    .flush = held_flush, .size = held_size,
+    .discard = file_io.discard ? held_discard : NULL,
+    .truncate = held_truncate,
+  };
+  opts.writable = true;
+  opts.growable = true;
+  opts.discard = QCOW2_DISCARD_UNMAP;
+  memset (&s, 0, sizeof s);
+  session_log_init (&s);
+  r = qcow2_create (&io, &s.qlog, &c, &opts, &s.img);
+  CHECK_EQ (r, 0);
+  if (r == 0) {
+    s.conn = qcow2_conn_new (s.img);
+    h.conn = qcow2_conn_new (s.img);
+  }
+  CHECK (s.conn != NULL && h.conn != NULL);
+  if (s.conn == NULL || h.conn == NULL)
+    goto out;
+  fill_pattern (buf, 2 * MiB, 11);
+  h.io = &io;
+  h.buf = buf + 512;
+  CHECK_EQ (qcow2_write (s.conn, &io, buf, 1 * MiB, 0, false), 0);
+  CHECK_EQ (qcow2_write (s.conn, &io, buf, 2 * MiB, 4 * MiB, false), 0);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  CHECK_EQ (qcow2_trim (s.img, &io, 2 * MiB, 4 * MiB, false), 0);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  CHECK (h.started);
+  if (h.started)
+    CHECK_EQ (pthread_join (h.writer, NULL), 0);
+  CHECK_EQ (h.write_result, 0);
+  CHECK_EQ (qcow2_flush (s.img, &io), 0);
+  CHECK_EQ (qcow2_read (s.conn, &io, back, 1 * MiB, 7 * MiB), 0);
+  CHECK (memcmp (back, buf + 512, 1 * MiB) == 0);
+  qcow2_conn_free (h.conn);
+  h.conn = NULL;
+  qcow2_conn_free (s.conn);
+  s.conn = NULL;
+  qcow2_image_close (s.img);
+  s.img = NULL;
+  CHECK_EQ (run_command ("qemu-img check -q '%s'", path), 0);
+  CHECK_EQ (run_command ("qemu-io -r -f qcow2 -c 'read -P 0 4M 2M' "
+                         "-c 'read -P 0x%02x 7M 1' '%s' > /dev/null",
+                         buf[512], path), 0);
+
+ out:
+  if (h.conn)
+    qcow2_conn_free (h.conn);
+  if (s.conn)
+    qcow2_conn_free (s.conn);
+  if (s.img)
+    qcow2_image_close (s.img);
+  qcow2_fileio_close (&file_io);
+  CHECK_EQ (s.log.errors, 0);
+  free (buf);
+  free (back);
+}
+
 int
 main (void)
 {
@@ -180,5 +433,7 @@ main (void)
     UNIT_SKIP ("qemu-img or qemu-io not found");
   scratch_dir_make ();
   test_flushes_sync ();
+  test_tail_cut_unlocked ();
+  test_write_during_cut ();
   return unit_finish ();
 }

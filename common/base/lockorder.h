@@ -44,11 +44,17 @@ enum qcow2_lock_rank {
    * time; a store runs writebacks.
    */
   QCOW2_RANK_BITMAP_STORE = 40,
+  /* The image's first change (meta/first-change.c): one at a time, its
+   * writes and flush made under it with no image lock held.
+   */
+  QCOW2_RANK_FIRST_CHANGE = 45,
   /* One metadata writeback at a time (meta/writeback.c). */
   QCOW2_RANK_WRITEBACK = 50,
   /* The image lock (meta/image.h): the metadata, exclusive to change it,
    * shared to look it up; never held across guest data I/O, compression
-   * or decompression, nor across the writeback's I/O.  A backing file is
+   * or decompression, nor across the writeback's I/O, and held
+   * exclusively across no storage call but the few meta/image.h names.
+   * A backing file is
    * read with no lock of the image above held, so the image locks of a
    * chain never nest.
    */

@@ -72,6 +72,11 @@ struct qcow2_allocator {
   struct cluster_run *released;
   size_t nreleased, released_cap;
   bool discard_failed;        /* the storage refused a discard: stop */
+  /* A cut of the file's free tail in flight (no image lock held): no
+   * cluster from here on is handed out until it is done, so that nothing
+   * is written where the cut drops the bytes.  UINT64_MAX: none.
+   */
+  uint64_t cut_from;
 
   /* uncounted.c: clusters mapped but counted 0, sorted by cluster. */
   struct uncounted *uncounted;

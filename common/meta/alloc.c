@@ -31,6 +31,7 @@ qcow2_alloc_init (struct qcow2_image *img)
     ? QCOW2_MAX_HOST_OFFSET >> img->header.cluster_bits
     : img->file_size >> img->header.cluster_bits;
   a->free_hint = 1;
+  a->cut_from = UINT64_MAX;
   img->alloc = a;
   return 0;
 }
@@ -74,9 +75,18 @@ qcow2_alloc_room_after_writeback (const struct qcow2_image *img)
   /* Clusters held back after their release was applied count too: a
    * writeback running meanwhile (it lets the image lock go between
    * applying the releases and discarding what they freed) or one that
-   * failed makes them reusable.
+   * failed makes them reusable; so does the end of a cut in flight.
    */
-  return qcow2_pending_frees (img) > 0 || img->alloc->nreleased > 0;
+  return qcow2_pending_frees (img) > 0 || img->alloc->nreleased > 0 ||
+    img->alloc->cut_from != UINT64_MAX;
+}
+
+int
+qcow2_alloc_fetch (struct qcow2_image *img, struct qcow2_io *io,
+                   struct refcount_fetch *f)
+{
+  /* The search for free clusters starts at the hint. */
+  return qcow2_refcount_fetch (img, io, img->alloc->free_hint, f);
 }
 
 /* Is host cluster I free to hand out? */
@@ -107,12 +117,15 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
            uint64_t count, uint64_t *found)
 {
   const struct qcow2_allocator *a = img->alloc;
+  /* Nothing at or past a cut in flight: it waits for the writeback. */
+  const uint64_t end = a->cut_from < a->host_clusters
+    ? a->cut_from : a->host_clusters;
   uint64_t run_start = start, i = start;
   bool is_free;
   int r;
 
   *found = UINT64_MAX;
-  while (i < a->host_clusters) {
+  while (i < end) {
     if (i - run_start == count) {
       *found = run_start;
       return 0;
@@ -124,7 +137,7 @@ find_free (struct qcow2_image *img, struct qcow2_io *io, uint64_t start,
       run_start = i + 1;
     i++;
   }
-  if (i - run_start >= count && i <= a->host_clusters)
+  if (i - run_start >= count && i <= end)
     *found = run_start;
   return 0;
 }
@@ -299,6 +312,7 @@ qcow2_alloc_cluster_at (struct qcow2_image *img, struct qcow2_io *io,
   int r;
 
   if (index >= img->alloc->host_clusters ||
+      index >= img->alloc->cut_from ||
       qcow2_regions_kind (img, index) != QCOW2_REGION_NONE ||
       qcow2_alloc_is_released (img->alloc, index))
     return -EBUSY;

@@ -23,8 +23,9 @@
  * how much room is missing.
  *
  * Offers: qcow2_alloc_init, qcow2_alloc_free, qcow2_alloc_clusters,
- * qcow2_alloc_room_after_writeback.
- * Locks: every call with the image lock held exclusively.
+ * qcow2_alloc_room_after_writeback, qcow2_alloc_fetch.
+ * Locks: every call with the image lock held exclusively, but
+ * qcow2_alloc_fetch, with it held shared.
  * Needs: the refcounts, the regions, host I/O.
  */
 #ifndef QCOW2_ALLOC_H
@@ -34,6 +35,7 @@
 #include <stdint.h>
 
 #include "meta/image.h"
+#include "meta/refcount.h"
 
 /* Set up the allocator of an image opened for writing (after the
  * refcounts are loaded), and free what it holds.  qcow2_alloc_init: 0,
@@ -48,6 +50,14 @@ void qcow2_alloc_free (struct qcow2_image *img);
  */
 int qcow2_alloc_clusters (struct qcow2_image *img, struct qcow2_io *io,
                           uint64_t count, uint64_t *offset);
+
+/* Read into *F the refcount block where the next allocation will look
+ * first, if it is not in memory (meta/refcount.h): a commit does this
+ * with the image lock held shared before it takes it exclusively to
+ * allocate.  0, or -errno after logging.
+ */
+int qcow2_alloc_fetch (struct qcow2_image *img, struct qcow2_io *io,
+                       struct refcount_fetch *f);
 
 /* Would a writeback make room (releases wait for it, or clusters it will
  * make reusable)?

@@ -40,20 +40,19 @@ qcow2_first_change_arm (struct qcow2_image *img)
     qcow2_bitmaps_tracking (img) || dirty_bit_wanted (img);
 }
 
-int
-qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
+/* The writes and the flush, with the first change's lock held and no
+ * image lock: nothing else changes what they are made from (the header's
+ * autoclear bits, the bitmaps' flags), since no change of the image goes
+ * before them.
+ */
+static int
+write_first_change (struct qcow2_image *img, struct qcow2_io *io,
+                    uint64_t keep, bool set_dirty)
 {
-  uint64_t keep = kept_autoclear (img);
-  bool set_dirty = dirty_bit_wanted (img);
   struct qcow2_header changed;
   struct qcow2_field_bytes field;
-  int r = 0;
+  int r;
 
-  qcow2_rwlock_assert_held (&img->lock, true);
-  if (!img->first_change_pending)
-    return 0;
-  /* The flag goes first, so that the writes below are let through. */
-  img->first_change_pending = false;
   r = qcow2_bitmaps_first_change (img, io);
   if (r == 0 && set_dirty) {
     /* From here on the refcounts on disk may lag behind the tables
@@ -73,13 +72,39 @@ qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
   }
   if (r == 0)
     r = qcow2_flush_logged (img, io);
-  if (r < 0) {
-    img->first_change_pending = true;
-    return r;
+  return r;
+}
+
+int
+qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io)
+{
+  uint64_t keep;
+  bool set_dirty;
+  int r;
+
+  qcow2_rwlock_assert_not_held (&img->lock);
+  if (!atomic_load (&img->first_change_pending))
+    return 0;
+  qcow2_mutex_lock (&img->first_change_lock);
+  /* Made by another thread while this one waited. */
+  if (!atomic_load (&img->first_change_pending)) {
+    qcow2_mutex_unlock (&img->first_change_lock);
+    return 0;
   }
-  img->header.autoclear_features = keep;
-  if (set_dirty)
-    __atomic_fetch_or (&img->header.incompatible_features,
-                       QCOW2_INCOMPAT_DIRTY, __ATOMIC_RELAXED);
-  return 0;
+  keep = kept_autoclear (img);
+  set_dirty = dirty_bit_wanted (img);
+  qcow2_hostio_first_change_writes (true);
+  r = write_first_change (img, io, keep, set_dirty);
+  qcow2_hostio_first_change_writes (false);
+  if (r == 0) {
+    qcow2_rwlock_wrlock (&img->lock);
+    img->header.autoclear_features = keep;
+    if (set_dirty)
+      __atomic_fetch_or (&img->header.incompatible_features,
+                         QCOW2_INCOMPAT_DIRTY, __ATOMIC_RELAXED);
+    atomic_store (&img->first_change_pending, false);
+    qcow2_rwlock_unlock (&img->lock);
+  }
+  qcow2_mutex_unlock (&img->first_change_lock);
+  return r;
 }

@@ -18,25 +18,27 @@
  * - It runs, to completion, before the first write of anything to the
  *   image (data, L2 and L1 tables, refcounts, header fields), by any
  *   thread.
- * - It runs with the image lock held exclusively, which it keeps until
- *   its writes are flushed.  Data is written without that lock, so a
- *   write path calls this under the lock before it decides its first
- *   change (paths/cluster.c, paths/compress.c), or sees
- *   img->first_change_pending clear under the lock (held shared is
- *   enough: the flag changes only under it held exclusively) before it
- *   lets its data go.  Metadata is written back only once something
- *   changed, so after it.
- * - qcow2_pwrite_logged refuses, as an internal error, a write while the
- *   flag is still set: a path that forgot fails loudly, having written
- *   nothing.
+ * - Its writes and flush go out with no image lock held, so that readers
+ *   and writers already at work do not wait a device round trip for it;
+ *   one first change runs at a time, under a lock of its own.  The flag
+ *   is cleared only once they are durable, under the image lock held
+ *   exclusively.  Data is written without that lock, so a write path
+ *   makes the first change before it takes the lock to decide its first
+ *   change (paths/commit.c), or sees img->first_change_pending clear
+ *   under the lock (held shared is enough) before it lets its data go.
+ *   Metadata is written back only once something changed, so after it.
+ * - Host I/O (meta/hostio.h) refuses, as an internal error, a write while
+ *   the flag is still set, but for the first change's own (made on its
+ *   thread: qcow2_hostio_first_change_writes): a path that forgot fails
+ *   loudly, having written nothing.
  * A clean close (qcow2_finish) clears the bitmaps' in_use and the dirty
  * bit again; it arms the first change anew (qcow2_first_change_arm), so
  * that a write after it marks them in use and sets the bit first.
  *
  * Offers: qcow2_first_change_arm, qcow2_first_change.
- * Locks: qcow2_first_change with the image lock held exclusively;
- * qcow2_first_change_arm with it held exclusively, or before anyone else
- * sees the image.
+ * Locks: qcow2_first_change with no lock held but its own, which it
+ * takes; qcow2_first_change_arm with the image lock held exclusively, or
+ * before anyone else sees the image.
  * Needs: the bitmaps, host I/O, the header's autoclear bits.
  */
 #ifndef QCOW2_FIRST_CHANGE_H
@@ -50,9 +52,11 @@
  */
 void qcow2_first_change_arm (struct qcow2_image *img);
 
-/* Returns 0 (at once if nothing is pending), or -errno after logging:
- * the flag stays set, so that the next write tries again, and the write
- * that called it fails having written nothing of its own.
+/* Make the first change, if it is still to come: 0 (at once if not), or
+ * -errno after logging: the flag stays set, so that the next write tries
+ * again, and the write that called it fails having written nothing of
+ * its own.  Called with no image lock held, no claim, and not registered
+ * for a grace period (it waits for another thread's first change).
  */
 int qcow2_first_change (struct qcow2_image *img, struct qcow2_io *io);
 

@@ -17,6 +17,17 @@
 #include "meta/corrupt.h"
 #include "meta/log.h"
 
+/* Set on the thread whose first change is writing (meta/first-change.c):
+ * its writes go out while the flag still holds every other back.
+ */
+static _Thread_local bool first_change_writes;
+
+void
+qcow2_hostio_first_change_writes (bool on)
+{
+  first_change_writes = on;
+}
+
 /* LEN bytes at OFFSET of a file of SIZE bytes (WHICH, for a message). */
 static int
 pread_within (struct qcow2_image *img, struct qcow2_io *io, uint64_t size,
@@ -88,7 +99,8 @@ pwrite_checked (struct qcow2_image *img, struct qcow2_io *io,
     return -EIO;
   }
   if (atomic_load_explicit (&img->first_change_pending,
-                            memory_order_relaxed)) {
+                            memory_order_relaxed) &&
+      !first_change_writes) {
     QCOW2_ASSERT (!atomic_load (&img->first_change_pending));
     qcow2_error (img, "internal error: a write of %" PRIu64 " bytes at 0x%"
                  PRIx64 " before the image's first change", len, offset);
@@ -122,7 +134,8 @@ pwrite_data_file (struct qcow2_image *img, const void *buf, uint64_t len,
     return -EIO;
   }
   if (atomic_load_explicit (&img->first_change_pending,
-                            memory_order_relaxed)) {
+                            memory_order_relaxed) &&
+      !first_change_writes) {
     QCOW2_ASSERT (!atomic_load (&img->first_change_pending));
     qcow2_error (img, "internal error: a data file write of %" PRIu64
                  " bytes at 0x%" PRIx64 " before the image's first change",

@@ -15,7 +15,7 @@
  *
  * Offers: qcow2_pread_clamped, qcow2_pread_data, qcow2_pwrite_data,
  * qcow2_pwrite_meta, qcow2_discard_data, qcow2_pwrite_dirty_bit,
- * qcow2_flush_logged.
+ * qcow2_flush_logged, qcow2_hostio_first_change_writes.
  * Locks: none taken.  The I/O calls are made only from a thread that
  * called into the engine, never from pool workers (struct qcow2_io's
  * rule), with or without the image lock: the file size they clamp to
@@ -85,5 +85,11 @@ int qcow2_pwrite_dirty_bit (struct qcow2_image *img, struct qcow2_io *io,
  * image has one.  0, or -errno after logging.
  */
 int qcow2_flush_logged (struct qcow2_image *img, struct qcow2_io *io);
+
+/* ON: the calling thread is making the image's first change
+ * (meta/first-change.h), whose own writes go out although
+ * img->first_change_pending is still set; OFF once they are made.
+ */
+void qcow2_hostio_first_change_writes (bool on);
 
 #endif /* QCOW2_HOSTIO_H */

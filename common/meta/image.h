@@ -16,8 +16,18 @@
  * The image lock.  Held exclusively to change the metadata (the L1 and
  * L2 tables, the refcounts, the allocator's state, the dirty set), held
  * shared to look it up, and only for that: never across guest data I/O,
- * compression or decompression, nor across the writeback's I/O.  Where
- * it ranks among the other locks: base/lockorder.h.
+ * compression or decompression, nor across the writeback's I/O.  Held
+ * exclusively, it is held across no storage call at all, which would
+ * stop every reader and writer for a device round trip: what a change
+ * needs from the storage is read before, with the lock shared (L2
+ * tables, refcount blocks: paths/commit.c, meta/writeback.c), the first
+ * change is written before it is taken (meta/first-change.h), the free
+ * tail cut and the discards after it is let go (meta/release.h).  Left:
+ * a refcount block missed all the same (an allocation that runs past
+ * the block read ahead, the counts of what an L2 table shared with a
+ * snapshot maps when it is copied, the search for a free tail), and the
+ * marks of damage (meta/corrupt.h).  Where it ranks among the other locks:
+ * base/lockorder.h.
  *
  * Offers: the struct, and small inline facts derived from the core.
  * Needs: the header and entry formats, the options and I/O interfaces,
@@ -92,14 +102,17 @@ struct qcow2_image {
   struct qcow2_inflight inflight;
   /* The file's size: grows (growable storage) under the image lock held
    * exclusively, when clusters are allocated (meta/alloc.c), shrinks
-   * when the free tail is cut (meta/release.c); read anywhere.
+   * under it once the free tail is cut (meta/release.c); read anywhere.
    */
   _Atomic uint64_t file_size;
-  /* The image's first change of a session is still to come (written by
-   * meta/first-change.c under the image lock held exclusively; read
-   * with it held, or by meta/hostio.c's check of every write).
+  /* The image's first change of a session is still to come (cleared by
+   * meta/first-change.c under the image lock held exclusively once its
+   * writes, made without it, are durable; read with it held, or by
+   * meta/hostio.c's check of every write).
    */
   atomic_bool first_change_pending;
+  /* One first change at a time (meta/first-change.c's). */
+  struct qcow2_mutex first_change_lock;
   /* The engine found the image damaged while writing it, and marked it
    * corrupt: no write reaches the file any more (meta/corrupt.h).
    */

@@ -25,6 +25,7 @@
 #include "meta/hostio.h"
 #include "meta/log.h"
 #include "meta/regions.h"
+#include "base/lockorder.h"
 
 /* The refcounts in memory, loaded when the image is opened for writing. */
 struct qcow2_refcounts {
@@ -277,6 +278,69 @@ get_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index,
   }
   *block = t;
   return 0;
+}
+
+int
+qcow2_refcount_fetch (struct qcow2_image *img, struct qcow2_io *io,
+                      uint64_t cluster, struct refcount_fetch *f)
+{
+  const struct qcow2_refcounts *rc = img->refcounts;
+  const uint64_t rt_index = cluster >> rc->block_bits;
+  struct meta_table *t;
+  uint64_t off;
+  unsigned i;
+  int r;
+
+  if (f->n == QCOW2_REFCOUNT_FETCH_MAX || rt_index >= rc->table_entries)
+    return 0;
+  off = rc->table[rt_index] & RTE_OFFSET_MASK;
+  /* An entry that names no block, or something else (get_block marks
+   * the image corrupt for that, with the lock held exclusively).
+   */
+  if (off == 0 || tablemap_find (&rc->blocks, off) != NULL ||
+      !qcow2_regions_is (img, QCOW2_REGION_REFCOUNT_BLOCK, off))
+    return 0;
+  for (i = 0; i < f->n; ++i)
+    if (f->rt_index[i] == rt_index)
+      return 0;
+  t = malloc (sizeof *t + img->header.cluster_size);
+  if (t == NULL) {
+    qcow2_error (img, "out of memory for a refcount block");
+    return -ENOMEM;
+  }
+  t->offset = off;
+  t->dirty = false;
+  /* Not in memory, so not changed since the image was opened: what the
+   * storage holds is current.
+   */
+  r = qcow2_pread_clamped (img, io, t->data, img->header.cluster_size, off);
+  if (r < 0) {
+    free (t);
+    return r;
+  }
+  f->rt_index[f->n] = rt_index;
+  f->block[f->n++] = t;
+  return 0;
+}
+
+void
+qcow2_refcount_adopt (struct qcow2_image *img, struct refcount_fetch *f)
+{
+  struct qcow2_refcounts *rc = img->refcounts;
+  unsigned i;
+
+  qcow2_rwlock_assert_held (&img->lock, true);
+  for (i = 0; i < f->n; ++i) {
+    struct meta_table *t = f->block[i];
+
+    if (f->rt_index[i] < rc->table_entries &&
+        (rc->table[f->rt_index[i]] & RTE_OFFSET_MASK) == t->offset &&
+        tablemap_find (&rc->blocks, t->offset) == NULL &&
+        tablemap_insert (&rc->blocks, t) == 0)
+      continue;
+    free (t);
+  }
+  f->n = 0;
 }
 
 int

@@ -8,11 +8,19 @@
  * which clusters to hand out, where a new block or a bigger table goes
  * and when a release may be applied is the allocator's (meta/alloc.h).
  *
+ * A block not in memory yet is read when a count in it is first asked
+ * for.  A change that will need blocks reads them first with the image
+ * lock held shared (qcow2_refcount_fetch), and puts them in memory once
+ * it holds the lock exclusively (qcow2_refcount_adopt), so that the read
+ * does not stop every reader and writer for a device round trip.
+ *
  * Offers: loading, reading and changing counts, making a block, growing
  * and moving the table, snapshots of blocks and table and their writing,
- * and for a repair setting counts and starting an empty table.
+ * blocks read ahead of a change, and for a repair setting counts and
+ * starting an empty table.
  * Locks: every call with the image lock held exclusively, but
- * qcow2_refcount_write, which needs none.
+ * qcow2_refcount_write, which needs none, and qcow2_refcount_fetch,
+ * with it held shared.
  * Needs: host I/O.
  */
 #ifndef QCOW2_REFCOUNT_H
@@ -69,6 +77,32 @@ int qcow2_refcount_get (struct qcow2_image *img, struct qcow2_io *io,
  */
 int qcow2_refcount_add (struct qcow2_image *img, struct qcow2_io *io,
                         uint64_t cluster, int delta, uint64_t *now);
+
+/* Refcount blocks read ahead of a change (with the image lock held
+ * shared), not yet in memory: at most QCOW2_REFCOUNT_FETCH_MAX, the
+ * first of them the most wanted.
+ */
+#define QCOW2_REFCOUNT_FETCH_MAX 8
+struct refcount_fetch {
+  unsigned n;
+  uint64_t rt_index[QCOW2_REFCOUNT_FETCH_MAX];
+  struct meta_table *block[QCOW2_REFCOUNT_FETCH_MAX];
+};
+
+/* Add to *F the block that counts host cluster CLUSTER, read from the
+ * storage, if the table names one that is not in memory (nor in *F)
+ * and *F has room.  With the image lock held shared.  0, or -errno
+ * after logging.
+ */
+int qcow2_refcount_fetch (struct qcow2_image *img, struct qcow2_io *io,
+                          uint64_t cluster, struct refcount_fetch *f);
+
+/* Put the blocks of *F in memory, but those loaded meanwhile or no longer
+ * named by the table (then dropped); empties *F.  With the image lock
+ * held exclusively.  Never fails: a block that finds no room in memory
+ * is dropped, and read again when needed.
+ */
+void qcow2_refcount_adopt (struct qcow2_image *img, struct refcount_fetch *f);
 
 /* Set the refcount of CLUSTER, whose block must exist, to VALUE (at most
  * the width's maximum): for a repair.  0, or -errno after logging.

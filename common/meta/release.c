@@ -65,6 +65,26 @@ qcow2_frees_mark (const struct pending_list *list)
   return list->count ? list->frees[list->count - 1].mark : 0;
 }
 
+int
+qcow2_frees_fetch (struct qcow2_image *img, struct qcow2_io *io,
+                   const struct pending_list *list, struct refcount_fetch *f)
+{
+  const unsigned bits = img->header.cluster_bits;
+  size_t i;
+  int r = 0;
+
+  /* A release lies inside one block, or reaches into the next. */
+  for (i = 0; i < list->count && r == 0; ++i) {
+    const struct pending_free *p = &list->frees[i];
+
+    r = qcow2_refcount_fetch (img, io, p->offset >> bits, f);
+    if (r == 0 && p->length)
+      r = qcow2_refcount_fetch (img, io,
+                                (p->offset + p->length - 1) >> bits, f);
+  }
+  return r;
+}
+
 void
 qcow2_return_frees (struct qcow2_image *img, struct pending_list *list)
 {
@@ -247,12 +267,12 @@ discard_run (struct qcow2_image *img, struct qcow2_io *io,
                   r == -EOPNOTSUPP ? "; no more discards are sent" : "");
 }
 
-/* Storage that grows: cut it after the last cluster in use, when the
- * released runs reach its end.  *STORAGE_END becomes its new size.
+/* Storage that grows: where it can be cut, after the last cluster in
+ * use, when the released runs reach its end: a cluster index, or 0 for
+ * no cut.  With the image lock held exclusively.
  */
 static int
-cut_free_tail (struct qcow2_image *img, struct qcow2_io *io,
-               uint64_t *storage_end)
+plan_cut (struct qcow2_image *img, struct qcow2_io *io, uint64_t *cut)
 {
   struct qcow2_allocator *a = img->alloc;
   const unsigned bits = img->header.cluster_bits;
@@ -261,6 +281,7 @@ cut_free_tail (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t c = end, refcount;
   int r;
 
+  *cut = 0;
   if (last->first + last->count < end)
     return 0;
   while (c > 1) {
@@ -272,20 +293,8 @@ cut_free_tail (struct qcow2_image *img, struct qcow2_io *io,
       break;
     c--;
   }
-  if ((c << bits) >= *storage_end)
-    return 0;
-  r = io->truncate (io->opaque, c << bits);
-  if (r < 0) {
-    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "cutting the file to %" PRIu64
-                    " bytes failed: %s", c << bits, strerror (-r));
-    return 0;
-  }
-  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "the file is cut to %" PRIu64
-                  " bytes: its last %" PRIu64 " clusters were free",
-                  c << bits, end - c);
-  *storage_end = c << bits;
-  if (img->file_size > *storage_end)
-    img->file_size = *storage_end;
+  if (c < end)
+    *cut = c;
   return 0;
 }
 
@@ -297,36 +306,69 @@ qcow2_alloc_cut_released (struct qcow2_image *img, struct qcow2_io *io,
   int r;
 
   qcow2_rwlock_assert_held (&img->lock, true);
-  plan->runs = a->nreleased;
-  plan->storage_end = img->file_size;
-  plan->discard = false;
+  *plan = (struct qcow2_release_plan) {
+    .runs = a->nreleased, .storage_end = img->file_size,
+  };
   if (a->nreleased == 0 || img->opts.discard != QCOW2_DISCARD_UNMAP)
     return 0;
-  if (img->opts.growable) {
-    int64_t size = io->size (io->opaque);
-    if (size < 0) {
-      qcow2_error (img, "cannot get the size of the image: %s",
-                   strerror ((int) -size));
+  if (img->opts.growable && io->truncate) {
+    r = plan_cut (img, io, &plan->cut_from);
+    if (r < 0) {
       plan->runs = 0;
-      return (int) size;
+      return r;
     }
-    if ((uint64_t) size < plan->storage_end)
-      plan->storage_end = size;
-    if (io->truncate) {
-      r = cut_free_tail (img, io, &plan->storage_end);
-      if (r < 0) {
-        plan->runs = 0;
-        return r;
-      }
-    }
+    /* Held back from the allocator until the cut is done. */
+    if (plan->cut_from)
+      a->cut_from = plan->cut_from;
   }
   plan->discard = io->discard != NULL;
   return 0;
 }
 
+/* Storage that grows ends where its size says (the file may be shorter
+ * than img->file_size, which counts clusters allocated but not written
+ * yet); cut it where PLAN says.  Only advice, like the discards: a
+ * failure is a debug message.
+ */
+static void
+cut_tail (struct qcow2_image *img, struct qcow2_io *io,
+          struct qcow2_release_plan *plan)
+{
+  const unsigned bits = img->header.cluster_bits;
+  int64_t size = io->size (io->opaque);
+  uint64_t cut = plan->cut_from << bits;
+  int r;
+
+  if (size < 0) {
+    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "the size of the image is not "
+                    "known (%s): no discard and no cut",
+                    strerror ((int) -size));
+    plan->discard = false;
+    plan->cut_from = 0;
+    return;
+  }
+  if ((uint64_t) size < plan->storage_end)
+    plan->storage_end = size;
+  if (plan->cut_from == 0 || cut >= plan->storage_end) {
+    plan->cut_from = 0;
+    return;
+  }
+  r = io->truncate (io->opaque, cut);
+  if (r < 0) {
+    qcow2_debug_if (img, QCOW2_DEBUG_MAP, "cutting the file to %" PRIu64
+                    " bytes failed: %s", cut, strerror (-r));
+    plan->cut_from = 0;
+    return;
+  }
+  qcow2_debug_if (img, QCOW2_DEBUG_MAP, "the file is cut to %" PRIu64
+                  " bytes: its last %" PRIu64 " clusters were free", cut,
+                  (plan->storage_end - cut) >> bits);
+  plan->storage_end = cut;
+}
+
 void
 qcow2_alloc_discard_released (struct qcow2_image *img, struct qcow2_io *io,
-                              const struct qcow2_release_plan *plan)
+                              struct qcow2_release_plan *plan)
 {
   struct qcow2_allocator *a = img->alloc;
   uint64_t discarded = 0;
@@ -334,6 +376,10 @@ qcow2_alloc_discard_released (struct qcow2_image *img, struct qcow2_io *io,
 
   /* The whole point of the split: readers and writers go on meanwhile. */
   qcow2_rwlock_assert_not_held (&img->lock);
+  if (plan->runs == 0)
+    return;
+  if (img->opts.growable && img->opts.discard == QCOW2_DISCARD_UNMAP)
+    cut_tail (img, io, plan);
   if (!plan->discard)
     return;
   for (i = 0; i < plan->runs; ++i)
@@ -354,6 +400,14 @@ qcow2_alloc_reuse_released (struct qcow2_image *img,
   qcow2_rwlock_assert_held (&img->lock, true);
   /* Only a writeback adds runs, and the caller is the writeback. */
   QCOW2_ASSERT (plan->runs == a->nreleased);
+  a->cut_from = UINT64_MAX;
+  if (plan->cut_from) {
+    const uint64_t cut = plan->cut_from << img->header.cluster_bits;
+
+    /* Nothing was allocated from the cut on meanwhile. */
+    if (img->file_size > cut)
+      img->file_size = cut;
+  }
   for (i = 0; i < plan->runs; ++i)
     if (a->released[i].first < a->free_hint)
       a->free_hint = a->released[i].first;

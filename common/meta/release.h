@@ -17,11 +17,12 @@
  * The state is the allocator's (meta/alloc-internal.h).
  *
  * Offers: the queue (qcow2_free_later, qcow2_take_frees,
- * qcow2_frees_mark, qcow2_apply_frees, qcow2_return_frees,
- * qcow2_pending_frees) and the clusters held back
+ * qcow2_frees_mark, qcow2_frees_fetch, qcow2_apply_frees,
+ * qcow2_return_frees, qcow2_pending_frees) and the clusters held back
  * (qcow2_alloc_released, qcow2_alloc_cut_released,
  * qcow2_alloc_discard_released, qcow2_alloc_reuse_released).
  * Locks: every call with the image lock held exclusively, but
+ * qcow2_frees_fetch, with it held shared, and
  * qcow2_alloc_discard_released, with none.
  * Needs: the refcounts, the regions, the allocator's packing, the
  * cluster cache (released compressed clusters leave it), the grace
@@ -35,6 +36,7 @@
 #include <stdint.h>
 
 #include "meta/image.h"
+#include "meta/refcount.h"
 
 /* A range of host bytes whose clusters lose one reference once the
  * metadata that stopped pointing at them is on disk, and once no
@@ -72,6 +74,15 @@ void qcow2_take_frees (struct qcow2_image *img, struct pending_list *list);
 /* The mark every release of LIST waits for (base/inflight.h). */
 uint64_t qcow2_frees_mark (const struct pending_list *list);
 
+/* Read into *F the refcount blocks that applying LIST will change and
+ * that are not in memory (meta/refcount.h), with the image lock held
+ * shared, so that qcow2_apply_frees does not read them with it held
+ * exclusively.  As many as *F holds; 0, or -errno after logging.
+ */
+int qcow2_frees_fetch (struct qcow2_image *img, struct qcow2_io *io,
+                       const struct pending_list *list,
+                       struct refcount_fetch *f);
+
 /* Apply LIST to the refcounts in memory: only once the metadata that
  * stopped pointing at them is durable and their mark has passed.  The
  * clusters whose count drops to 0 stay held back from allocation (until
@@ -100,23 +111,29 @@ size_t qcow2_alloc_released (const struct qcow2_image *img);
  * is cut after its last cluster in use; a failed discard or cut is only a
  * debug message.  Three calls, by the writeback alone (with the
  * writeback lock held, so that the runs held do not change under them),
- * so that the discards go out with no image lock held:
+ * so that the storage is told with no image lock held:
  *
- *   qcow2_alloc_cut_released   image lock held exclusively: the cut,
- *                              and in *PLAN the runs to discard and
- *                              where the storage ends.  0, or -errno
- *                              after logging (the size of growable
- *                              storage unknown: nothing to do, the
+ *   qcow2_alloc_cut_released   image lock held exclusively: in *PLAN
+ *                              the runs to discard, and where a file
+ *                              that grows can be cut; the clusters from
+ *                              there on are held back from allocation
+ *                              too (an allocation that needs them waits
+ *                              for a writeback: meta/alloc.h).  0, or
+ *                              -errno after logging (a refcount block
+ *                              that cannot be read: nothing to do, the
  *                              clusters stay held).
- *   qcow2_alloc_discard_released  no image lock held: the discards (the
- *                              clusters are still held back from
- *                              allocation, and nothing refers to them).
+ *   qcow2_alloc_discard_released  no image lock held: the cut and the
+ *                              discards (the clusters are still held
+ *                              back, and nothing refers to them); *PLAN
+ *                              says what was cut.
  *   qcow2_alloc_reuse_released image lock held exclusively: the runs of
- *                              PLAN can be handed out again.
+ *                              PLAN can be handed out again, and the
+ *                              file's size is what the cut left.
  */
 struct qcow2_release_plan {
   size_t runs;                  /* the first RUNS runs held */
   uint64_t storage_end;         /* nothing is discarded from here on */
+  uint64_t cut_from;            /* the first cluster cut off, or 0 */
   bool discard;                 /* qcow2-discard=unmap, storage that can */
 };
 
@@ -124,7 +141,7 @@ int qcow2_alloc_cut_released (struct qcow2_image *img, struct qcow2_io *io,
                               struct qcow2_release_plan *plan);
 void qcow2_alloc_discard_released (struct qcow2_image *img,
                                    struct qcow2_io *io,
-                                   const struct qcow2_release_plan *plan);
+                                   struct qcow2_release_plan *plan);
 void qcow2_alloc_reuse_released (struct qcow2_image *img,
                                  const struct qcow2_release_plan *plan);
 

@@ -141,6 +141,7 @@ writeback_serialized (struct qcow2_image *img, struct qcow2_io *io,
                       bool flush_underneath, bool with_refcounts)
 {
   struct copy c;
+  struct refcount_fetch fetched = { .n = 0 };
   bool releases, held;
   int r;
 
@@ -182,8 +183,17 @@ writeback_serialized (struct qcow2_image *img, struct qcow2_io *io,
   if (r == 0 && releases) {
     qcow2_inflight_wait (&img->inflight, qcow2_frees_mark (&c.frees));
     r = qcow2_flush_logged (img, io);
+    /* The refcount blocks the decrements change, read before the lock
+     * is held exclusively.
+     */
+    if (r == 0) {
+      qcow2_rwlock_rdlock (&img->lock);
+      r = qcow2_frees_fetch (img, io, &c.frees, &fetched);
+      qcow2_rwlock_unlock (&img->lock);
+    }
   }
   qcow2_rwlock_wrlock (&img->lock);
+  qcow2_refcount_adopt (img, &fetched);
   copy_done (img, &c, r == 0);
   if (releases) {
     if (r == 0)

@@ -17,6 +17,7 @@
 #include "meta/l2table.h"
 #include "meta/log.h"
 #include "meta/pack.h"
+#include "meta/refcount.h"
 #include "meta/regions.h"
 #include "meta/release.h"
 #include "meta/writeback.h"
@@ -153,10 +154,13 @@ prepare (struct commit *commit, size_t i, bool needs_table)
 
   if (step != COMMIT_STEP_NEXT)
     return step;
-  if (!commit->exclusive)
+  /* The first change is made before the lock is taken (commit_run);
+   * armed again meanwhile (a clean close), it is made first again.
+   */
+  if (!commit->exclusive || atomic_load (&img->first_change_pending))
     return COMMIT_STEP_EXCLUSIVE;
-  r = qcow2_first_change (img, commit->io);
-  if (r == 0 && needs_table && commit->table == NULL)
+  r = 0;
+  if (needs_table && commit->table == NULL)
     r = qcow2_l2_for_write (img, commit->io,
                             commit->first >> img->header.l2_bits, true,
                             &commit->table);
@@ -405,22 +409,31 @@ commit_run (struct commit *commit, const struct commit_policy *policy,
   int r;
 
  again:
-  if (exclusive && !looked_up) {
-    /* An L2 table that is not in memory is read here, with the lock
-     * shared, and not below with it held exclusively, where the read
-     * would stop every reader and writer of the image for a device
-     * round trip.  (A table let go in between is read again below.)
+  if (exclusive) {
+    /* An L2 table that is not in memory, and the refcount block the
+     * allocator will look at first, are read here, with the lock shared,
+     * and not below with it held exclusively, where the reads would stop
+     * every reader and writer of the image for a device round trip.  (A
+     * table let go in between is read again below.)  The first change's
+     * writes and flush go out with no image lock held.
      */
+    struct refcount_fetch fetched = { .n = 0 };
+
     qcow2_rwlock_rdlock (&img->lock);
-    r = look_up (commit);
+    r = looked_up ? 0 : look_up (commit);
+    if (r == 0)
+      r = qcow2_alloc_fetch (img, commit->io, &fetched);
     qcow2_rwlock_unlock (&img->lock);
+    if (r == 0)
+      r = qcow2_first_change (img, commit->io);
+    qcow2_rwlock_wrlock (&img->lock);
+    qcow2_refcount_adopt (img, &fetched);
     if (r < 0) {
+      qcow2_rwlock_unlock (&img->lock);
       commit->error = r;
       return COMMIT_FAILED;
     }
   }
-  if (exclusive)
-    qcow2_rwlock_wrlock (&img->lock);
   else
     qcow2_rwlock_rdlock (&img->lock);
   commit->exclusive = exclusive;
@@ -462,9 +475,12 @@ commit_run (struct commit *commit, const struct commit_policy *policy,
       continue;
     }
     if (step == COMMIT_STEP_EXCLUSIVE) {
-      QCOW2_ASSERT (!exclusive);
+      QCOW2_ASSERT (!exclusive ||
+                    atomic_load (&img->first_change_pending));
       if (span == 0) {
-        /* Nothing to write yet: decide it all again, exclusively. */
+        /* Nothing to write yet: decide it all again, exclusively (and
+         * after the first change).
+         */
         qcow2_rwlock_unlock (&img->lock);
         exclusive = true;
         goto again;

@@ -13,8 +13,8 @@
  *     calls below: its entry set at once (zeroes, a discard), its data
  *     written in place, into a new cluster, into the host cluster a zero
  *     cluster kept, or packed compressed, and then linked.  Before the
- *     image's first change of a session, that goes first
- *     (meta/first-change.h).
+ *     image's first change of a session, that goes first, made before
+ *     the lock is taken exclusively (meta/first-change.h).
  *  2. Claim: the guest clusters of a commit that links anything are
  *     claimed (base/inflight.h), so that any other change to them waits;
  *     a commit that writes in place is registered for a grace period, so
@@ -99,7 +99,8 @@ enum commit_step {
   COMMIT_STEP_STOP,             /* commit what was decided, stop before
                                    this one (the reason is the policy's,
                                    or commit->needs_room) */
-  COMMIT_STEP_EXCLUSIVE,        /* needs the lock held exclusively */
+  COMMIT_STEP_EXCLUSIVE,        /* needs the lock held exclusively (and
+                                   the image's first change made) */
   COMMIT_STEP_FAILED,           /* commit->error, logged */
 };
 
