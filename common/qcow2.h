@@ -51,6 +51,7 @@ struct qcow2_stats {
   uint64_t l2_cache_evictions;
   uint64_t bytes_read_underneath;
   uint64_t reads_underneath;
+  uint64_t reads_fetched_ahead; /* served from bytes fetched ahead */
 };
 
 struct qcow2_image;

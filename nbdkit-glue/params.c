@@ -639,7 +639,8 @@ params_log_stats (struct qcow2_image *img, const char *exportname)
                 "decompressed, cluster cache %" PRIu64 " hits %" PRIu64
                 " misses %" PRIu64 " evictions (%.0f%% hits), L2 cache %"
                 PRIu64 " hits %" PRIu64 " misses %" PRIu64 " evictions, %"
-                PRIu64 " bytes in %" PRIu64 " reads underneath", exportname,
+                PRIu64 " bytes in %" PRIu64 " reads underneath, %" PRIu64
+                " reads from bytes fetched ahead", exportname,
                 s.clusters_decompressed,
                 s.cluster_cache_hits, s.cluster_cache_misses,
                 s.cluster_cache_evictions,
@@ -647,7 +648,8 @@ params_log_stats (struct qcow2_image *img, const char *exportname)
                 ? 100.0 * s.cluster_cache_hits /
                   (s.cluster_cache_hits + s.cluster_cache_misses) : 0.0,
                 s.l2_cache_hits, s.l2_cache_misses, s.l2_cache_evictions,
-                s.bytes_read_underneath, s.reads_underneath);
+                s.bytes_read_underneath, s.reads_underneath,
+                s.reads_fetched_ahead);
 }
 
 int

@@ -379,6 +379,77 @@ check_builder (const struct image *img)
     CHECK (shared_host_cluster);
 }
 
+/* A read-only connection that reads on sequentially fetches the request
+ * size of the image file ahead in one read and serves the reads that
+ * follow from it (paths/fetchahead.h); random reads fetch nothing ahead.
+ * A compressed image written by the engine, then opened read-only.
+ */
+static void
+test_fetch_ahead (void)
+{
+  const uint64_t C = 64 * KiB, len = 16 * MiB, piece = 64 * KiB;
+  const struct new_image spec = {
+    3, 16, 4, QCOW2_COMPRESSION_ZSTD, 32 * MiB, 32 * MiB, 0,
+  };
+  struct qcow2_options opts = default_options;
+  uint8_t *data = xmalloc (len), *back = xmalloc (len);
+  unsigned long reads;
+  struct session s;
+
+  opts.writable = true;
+  opts.compress = true;
+  CHECK_EQ (session_open_new (&s, &spec, 0, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    goto out;
+  }
+  /* Half of every cluster random bytes, half zeros: compressed to about
+   * half a cluster.
+   */
+  for (uint64_t k = 0, state = 21; k < len / 8; ++k) {
+    uint64_t v = rng (&state);
+    memcpy (data + 8 * k, &v, 8);
+  }
+  for (uint64_t k = 0; k < len / C; ++k)
+    memset (data + k * C + C / 2, 0, C / 2);
+  CHECK_EQ (do_write (&s, data, len, 0, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  session_close_image (&s);
+  opts.writable = false;
+  opts.compress = false;
+  opts.request_size = 1 * MiB;
+  CHECK_EQ (session_open_io (&s, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    goto out;
+  }
+
+  /* 256 reads of one cluster in order: about 8 MiB of compressed data,
+   * fetched 1 MiB at a time.
+   */
+  atomic_store (&s.mio.preads, 0);
+  for (uint64_t off = 0; off < len; off += piece)
+    CHECK_EQ (do_read (&s, back + off, piece, off), 0);
+  CHECK (memcmp (back, data, len) == 0);
+  reads = atomic_load (&s.mio.preads);
+  CHECK (reads < len / piece / 8);
+  CHECK (atomic_load (&s.mio.largest) >= 1 * MiB);
+
+  /* Random single clusters: each read on its own, none ahead. */
+  atomic_store (&s.mio.largest, 0);
+  atomic_store (&s.mio.preads, 0);
+  for (unsigned k = 0; k < 256; ++k) {
+    uint64_t off = ((k * 2654435761u) % (len / C)) * C;
+    CHECK_EQ (do_read (&s, back, C, off), 0);
+    CHECK (memcmp (back, data + off, C) == 0);
+  }
+  CHECK (atomic_load (&s.mio.largest) < 1 * MiB);
+  session_close (&s);
+ out:
+  free (data);
+  free (back);
+}
+
 int
 main (void)
 {
@@ -398,5 +469,6 @@ main (void)
     UNIT_NOTE_IF_FAILED (before, "image %s", read_image_specs[i].name);
     image_free (img);
   }
+  test_fetch_ahead ();
   return unit_finish ();
 }

@@ -10,7 +10,9 @@
 # image has lands in the cow overlay and reads back, one that needs a
 # new cluster fails with ENOSPC and a message that names no truncate
 # (there is no file to give room to), and the file on the server is
-# never changed.  qcow2-create over curl is refused at start-up.
+# never changed.  A sequential reader in small requests takes few range
+# requests: the bytes are fetched ahead.  qcow2-create over curl is
+# refused at start-up.
 source "${top_srcdir:-.}/tests/functions.sh"
 source "${top_srcdir:-.}/tests/nginx-functions.sh"
 requires qemu-img qemu-io nbdinfo nbdcopy sha256sum
@@ -68,6 +70,33 @@ head -c 65536 /dev/zero | tr '\0' '\301' > expect.raw
 tail -c +65537 disk.raw >> expect.raw
 cmp expect.raw out.raw || fail "cow: the write does not read back"
 echo "with --filter=cow between: writable; a write in place reads back, one that needs room fails with ENOSPC, the message naming no truncate"
+
+# ------------------------------------------------------------ fetch ahead
+# A sequential reader in small requests: each connection fetches
+# qcow2-request-size of the file ahead in one HTTP request, and the
+# reads that follow inside it cost none (paths/fetchahead.h).  64 MiB of
+# clusters half random, half zeros, compressed to about 32 MiB: nbdcopy's
+# 256 KiB requests alone would take at least 256 range requests.
+/usr/bin/python3 - <<'EOF'
+import os
+with open("ahead.raw", "wb") as f:
+    for _ in range(1024):
+        f.write(os.urandom(32768) + bytes(32768))
+EOF
+qemu-img convert -q -c -f raw -O qcow2 -o compression_type=zstd ahead.raw www/ahead.qcow2
+before=$(grep -c '^GET /ahead.qcow2 206 range=bytes=' "$NGINX_ACCESS_LOG" || true)
+start_server "$PWD/sock" -r -v -D qcow2zstd.stats=1 curl "$NGINX_URL/ahead.qcow2" \
+    qcow2-request-size=1M
+nbdcopy "$uri" ahead.out || fail "fetch ahead: nbdcopy failed"
+stop_server
+cmp ahead.raw ahead.out || fail "fetch ahead: the image reads differently"
+ranges=$(( $(grep -c '^GET /ahead.qcow2 206 range=bytes=' "$NGINX_ACCESS_LOG" || true) - before ))
+ahead=$(sed -n 's/.* \([0-9]*\) reads from bytes fetched ahead.*/\1/p' "$PWD/sock.log" | tail -n 1)
+[ -n "$ahead" ] && [ "$ahead" -gt 0 ] ||
+    { grep stats "$PWD/sock.log"; fail "fetch ahead: no read was served from bytes fetched ahead"; }
+[ "$ranges" -lt 128 ] ||
+    fail "fetch ahead: $ranges range requests for 32 MiB of compressed data in 1 MiB fetches"
+echo "fetch ahead: a 64 MiB disk (about 32 MiB compressed) copied in $ranges range requests, $ahead reads served from bytes fetched ahead"
 
 # ------------------------------------------------------------ qcow2-create
 if NBDKIT_TIMEOUT=120 run_nbdkit -U - --filter="$FILTER" curl "$URL" qcow2-create=1M \

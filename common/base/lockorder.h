@@ -69,9 +69,10 @@ enum qcow2_lock_rank {
   QCOW2_RANK_CACHE = 100,
   /* Leaves: the in-flight table (base/inflight.c), the write buffers'
    * free list (paths/scratch.c), the bitmaps' bits, the start of the
-   * compressor threads, a key cache, and the front ends' registry of
-   * images (nbdkit-glue/registry.c: never held across an open, a close
-   * or an engine call).
+   * compressor threads, a key cache, a connection's bytes fetched ahead
+   * (paths/fetchahead.c: never held across a read), and the front ends'
+   * registry of images (nbdkit-glue/registry.c: never held across an
+   * open, a close or an engine call).
    */
   QCOW2_RANK_LEAF = 200,
   /* A lock that is only ever tried, never waited for: a connection's

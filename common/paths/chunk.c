@@ -13,7 +13,6 @@
 #include "base/cache.h"
 #include "format/codec.h"
 #include "paths/conn.h"
-#include "meta/hostio.h"
 #include "meta/log.h"
 #include "base/pool.h"
 
@@ -109,11 +108,11 @@ qcow2_chunk_finish (struct qcow2_conn *conn, struct request *req,
 }
 
 int
-qcow2_chunk_fetch (struct qcow2_image *img, struct qcow2_io *io,
+qcow2_chunk_fetch (struct qcow2_conn *conn, struct qcow2_io *io,
                    struct chunk *c, size_t clusters_per_job)
 {
-  int r = qcow2_pread_clamped (img, io, c->staging,
-                               c->host_end - c->host_start, c->host_start);
+  int r = qcow2_conn_pread (conn, io, c->staging,
+                            c->host_end - c->host_start, c->host_start);
 
   if (r < 0)
     return r;
@@ -136,7 +135,8 @@ qcow2_chunk_flush (struct qcow2_conn *conn, struct request *req,
 
   if (c->njobs == 0)
     return 0;
-  r = qcow2_chunk_fetch (img, io, c, clusters_per_job ? clusters_per_job : 1);
+  r = qcow2_chunk_fetch (conn, io, c,
+                         clusters_per_job ? clusters_per_job : 1);
   if (r < 0) {
     c->njobs = 0;
     return r;

@@ -103,10 +103,11 @@ void qcow2_chunk_append (struct chunk *c, const struct cluster_map *map,
                          uint64_t guest_offset, uint8_t *dst,
                          uint32_t part_off, uint32_t part_len);
 
-/* Read chunk C's bytes into its staging buffer and set up its batch,
+/* Read chunk C's bytes into its staging buffer (through the bytes
+ * CONN fetched ahead, paths/conn.h) and set up its batch,
  * CLUSTERS_PER_JOB clusters a job.  0, or -errno after logging.
  */
-int qcow2_chunk_fetch (struct qcow2_image *img, struct qcow2_io *io,
+int qcow2_chunk_fetch (struct qcow2_conn *conn, struct qcow2_io *io,
                        struct chunk *c, size_t clusters_per_job);
 
 /* If chunk C is in the pool's hands, wait for it, helping with

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "paths/conn.h"
+#include "paths/fetchahead.h"
 #include "meta/crypt.h"
 #include "paths/compress.h"
 #include "base/lockorder.h"
@@ -35,6 +36,11 @@ struct qcow2_conn {
   _Atomic uint64_t last_end;
   struct qcow2_mutex ra_lock;       /* only ever tried */
   struct chunk *ra;
+
+  /* Sequential reads of the image file: its bytes fetched ahead, or NULL
+   * (paths/fetchahead.h).
+   */
+  struct fetch_ahead *fetch_ahead;
 };
 
 static void *
@@ -311,6 +317,14 @@ qcow2_conn_readahead_release (struct qcow2_conn *conn)
   qcow2_mutex_unlock (&conn->ra_lock);
 }
 
+int
+qcow2_conn_pread (struct qcow2_conn *conn, struct qcow2_io *io, void *buf,
+                  uint64_t len, uint64_t host)
+{
+  return qcow2_fetchahead_pread (conn->fetch_ahead, conn->img, io, buf, len,
+                                 host);
+}
+
 /* --------------------------------------------------- new and free */
 
 struct qcow2_conn *
@@ -335,6 +349,7 @@ qcow2_conn_new (struct qcow2_image *img)
                     "a connection's free lists");
   qcow2_mutex_init (&conn->ra_lock, QCOW2_RANK_TRIED_ONLY,
                     "a connection's readahead");
+  conn->fetch_ahead = qcow2_fetchahead_new (img);
   return conn;
 }
 
@@ -367,6 +382,7 @@ qcow2_conn_free (struct qcow2_conn *conn)
     conn->free_batches = ctx->next_free;
     batch_free (ctx);
   }
+  qcow2_fetchahead_free (conn->fetch_ahead);
   qcow2_mutex_destroy (&conn->ra_lock);
   qcow2_mutex_destroy (&conn->lock);
   free (conn);

@@ -4,7 +4,9 @@
  * A struct qcow2_conn is what one NBD connection brings to an image: a
  * pool of workers that decode its reads, the read requests' buffers and
  * the compression batches (kept on free lists, so that a stream of
- * requests allocates nothing), and the readahead of a sequential reader.
+ * requests allocates nothing), the readahead of a sequential reader,
+ * and the bytes of the image file fetched ahead of it
+ * (paths/fetchahead.h).
  * Its fields are this module's alone: the paths borrow a request, a
  * batch or the readahead chunk and give it back, and hand work to the
  * pool through the calls below.
@@ -115,5 +117,13 @@ bool qcow2_conn_continues (struct qcow2_conn *conn, uint64_t offset,
  */
 struct chunk *qcow2_conn_readahead_claim (struct qcow2_conn *conn);
 void qcow2_conn_readahead_release (struct qcow2_conn *conn);
+
+/* Read LEN bytes of the image file (not an external data file) at host
+ * offset HOST for a read of the connection, from the bytes fetched ahead
+ * of it when it reads sequentially (paths/fetchahead.h).  0, or -errno
+ * after logging.
+ */
+int qcow2_conn_pread (struct qcow2_conn *conn, struct qcow2_io *io,
+                      void *buf, uint64_t len, uint64_t host);
 
 #endif /* QCOW2_CONN_H */

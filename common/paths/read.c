@@ -63,7 +63,9 @@ read_mover (struct data_run *run, void *opaque)
   struct read_ctx *rc = opaque;
   struct qcow2_image *img = rc->img;
   struct request *req = rc->req;
-  int r = qcow2_pread_data (img, rc->io, run->buf, run->len, run->host);
+  int r = img->data_io
+    ? qcow2_pread_data (img, rc->io, run->buf, run->len, run->host)
+    : qcow2_conn_pread (rc->conn, rc->io, run->buf, run->len, run->host);
 
   if (qcow2_image_encrypted (img)) {
     int r2 = qcow2_encrypt_finish (rc->conn, &req->crypt, &req->caller);

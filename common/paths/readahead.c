@@ -67,7 +67,7 @@ qcow2_readahead (struct qcow2_conn *conn, struct request *req,
       break;
     qcow2_chunk_append (c, &map, (first + i) << bits, NULL, 0, 0);
   }
-  if (c->njobs == 0 || qcow2_chunk_fetch (img, io, c, 1) < 0)
+  if (c->njobs == 0 || qcow2_chunk_fetch (conn, io, c, 1) < 0)
     goto out;
   c->readahead = true;
   c->in_flight = true;
