@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# HTTP benchmark: a full read of the zstd image of bench/make-image.sh
-# through the filter, over nbdkit's curl plugin from nginx (Debian's
-# package, started here on 127.0.0.1 with its own configuration, serving
-# the image directory with byte ranges), against the same filter over
-# nbdkit's file plugin reading the local file, for a few
-# qcow2-request-size values and two sizes of the client's requests, in
-# one run.  The filter merges clusters into one plugin read only within
-# one client request: with nbdcopy's default 256 KiB requests (4
-# clusters of 64 KiB) every qcow2-request-size above that reads alike.
+# HTTP benchmark: a full read of the zstd and the zlib image of
+# bench/make-image.sh through the filter, over nbdkit's curl plugin from
+# nginx (Debian's package, started here on 127.0.0.1 with its own
+# configuration, serving the image directory with byte ranges), against
+# the same filter over nbdkit's file plugin reading the local file, for a
+# few qcow2-request-size values (the default among them) and two sizes of
+# the client's requests, in one run; then 4 KiB random reads through
+# curl.  Within one client request the filter merges clusters into one
+# plugin read; across requests, a connection that reads on sequentially
+# fetches qcow2-request-size bytes ahead (paths/fetchahead.h).
 #
 #   bench/bench-http.sh                 full run (2 GiB image, 5 runs)
 #   BENCH_QUICK=1 bench/bench-http.sh   smoke run (256 MiB image, 3 runs)
 #
 # Knobs (environment), besides those of bench/common.sh:
-#   BENCH_HTTP_SIZES="1M 4M 16M"   the qcow2-request-size values
+#   BENCH_HTTP_TYPES="zstd zlib"   the images read
+#   BENCH_HTTP_SIZES="default 1M 16M"
+#                              the qcow2-request-size values (default: the
+#                              parameter not given, 4M)
 #   BENCH_HTTP_CLIENT_SIZES="256K 4M"
 #                              nbdcopy's --request-size values (256K is
-#                              its default; 4M lets the filter merge 64
-#                              clusters into one HTTP request, and reads
-#                              the local file as fast)
-#   BENCH_HTTP_DOC_SIZE=16M    the size the man page's curl example uses,
-#                              which the target is checked at (with the
-#                              largest client request size)
+#                              its default)
+#   BENCH_HTTP_RANDREAD=10     seconds of fio's 4 KiB randread at QD16 of
+#                              the zstd image through curl, after a 2 s
+#                              ramp (0: none)
+#   BENCH_FILTER2=PATH         a second build of the filter (such as
+#                              main's) for the random reads, with the
+#                              ratio of the two
 #   BENCH_NGINX_WORKERS=1      nginx's worker_processes
 #   BENCH_NICE=N               run everything (nginx, nbdkit, nbdcopy) at
 #                              nice N, e.g. -10 on a machine shared with
@@ -34,25 +39,30 @@
 # Both contenders serve read-only (-r), so the filter offers multi-conn
 # and nbdcopy reads over several connections; each connection of the
 # curl plugin has its own HTTP connection.  The page cache is warm: the
-# image is read into it first, so both read it from memory, and the
+# images are read into it first, so both read them from memory, and the
 # difference is what HTTP and the curl plugin cost.  Every measurement
 # starts a fresh nbdkit; nginx runs for the whole benchmark.  The two
 # contenders alternate within each repetition; medians are printed, and
-# the ratio nginx/file of the throughputs.  Exits 0 unless something
-# broke (a server that died, a failed copy, wrong data).
+# the ratio nginx/file of the throughputs, with the target (>= 0.9 with
+# nbdcopy's default requests and the default parameters, for each image).
+# Exits 0 unless something broke (a server that died, a failed copy,
+# wrong data).
 
 source "$(dirname "${BASH_SOURCE[0]}")/make-image.sh"
 source "$BENCH_TOPDIR/tests/nginx-functions.sh"
 
-: "${BENCH_HTTP_SIZES:=1M 4M 16M}"
+: "${BENCH_HTTP_TYPES:=zstd zlib}"
+: "${BENCH_HTTP_SIZES:=default 1M 16M}"
 : "${BENCH_HTTP_CLIENT_SIZES:=256K 4M}"
-: "${BENCH_HTTP_DOC_SIZE:=16M}"
+: "${BENCH_HTTP_RANDREAD:=10}"
 : "${BENCH_NGINX_WORKERS:=1}"
 : "${BENCH_VERIFY:=1}"
 : "${BENCH_QUIET_WAIT:=10}"
 : "${BENCH_NICE:=0}"
 
+FILTER2=${BENCH_FILTER2:-}
 need_cmds nbdkit nbdcopy nbdinfo qemu-img md5sum python3 ps numfmt
+[ "$BENCH_HTTP_RANDREAD" = 0 ] || need_cmds fio
 ensure_gnu_time
 [ -f "$FILTER" ] || die "the filter is not built: $FILTER"
 nbdkit curl --dump-plugin > /dev/null 2>&1 || die "nbdkit has no curl plugin"
@@ -80,23 +90,26 @@ nginx_cpu ()
     printf '%s' "$total"
 }
 
-# serve KIND SIZE: the filter with qcow2-request-size=SIZE, read-only,
-# over the local file (KIND file) or over curl from nginx (KIND nginx).
+# serve KIND TYPE SIZE: the filter over TYPE's image, with
+# qcow2-request-size=SIZE (none for default), read-only, over the local
+# file (KIND file) or over curl from nginx (KIND nginx).
 serve ()
 {
+    local param=()
+    [ "$3" = default ] || param=("qcow2-request-size=$3")
     case $1 in
-        file)  start_server "file-$2" filter "$IMG_DIR/zstd.qcow2" -r "qcow2-request-size=$2" ;;
-        nginx) start_server "nginx-$2" curl "$NGINX_URL/zstd.qcow2" "qcow2-request-size=$2" ;;
+        file)  start_server "file-$2-$3" filter "$IMG_DIR/$2.qcow2" -r "${param[@]}" ;;
+        nginx) start_server "nginx-$2-$3" curl "$NGINX_URL/$2.qcow2" "${param[@]}" ;;
     esac
 }
 
-# measure OUT KIND SIZE CLIENT: appends "wall nbdkit_cpu nbdcopy_cpu
+# measure OUT KIND TYPE SIZE CLIENT: appends "wall nbdkit_cpu nbdcopy_cpu
 # nginx_cpu other_cpu" to OUT, nbdcopy reading in requests of CLIENT.
 measure ()
 {
-    local out=$1 kind=$2 size=$3 client=$4 tfile=$RUN_DIR/nbdcopy.time rc=0
+    local out=$1 kind=$2 type=$3 size=$4 client=$5 tfile=$RUN_DIR/nbdcopy.time rc=0
     local t0 t1 c0 c1 n0 n1 b0 b1 cli
-    serve "$kind" "$size"
+    serve "$kind" "$type" "$size"
     wait_quiet
     b0=$(sys_busy); c0=$(proc_cpu "$SERVER_PID"); n0=$(nginx_cpu)
     t0=$(now)
@@ -105,7 +118,7 @@ measure ()
         2>> "$RUN_DIR/nbdcopy.log" || rc=$?
     t1=$(now)
     server_alive
-    [ "$rc" = 0 ] || { tail -n 5 "$RUN_DIR/nbdcopy.log" >&2; die "nbdcopy --request-size=$client failed (status $rc) against $kind, qcow2-request-size=$size"; }
+    [ "$rc" = 0 ] || { tail -n 5 "$RUN_DIR/nbdcopy.log" >&2; die "nbdcopy --request-size=$client failed (status $rc) against $kind, $type, qcow2-request-size=$size"; }
     c1=$(proc_cpu "$SERVER_PID"); n1=$(nginx_cpu); b1=$(sys_busy)
     stop_server
     cli=$(awk 'END { printf "%.2f", $(NF-1) + $NF }' "$tfile")
@@ -126,32 +139,36 @@ ensure_images
 print_images
 VSIZE_MIB=$(calc "$(stat -c %s "$RAW_IMG") / 1048576")
 start_nginx "$IMG_DIR" "$RUN_DIR/nginx" "$BENCH_NGINX_WORKERS" || die "$NGINX_SKIP"
-echo "nginx: $NGINX_URL/zstd.qcow2 (worker_processes $BENCH_NGINX_WORKERS, sendfile on; its files in $RUN_DIR/nginx)"
-echo "Contenders: nbdkit -r --filter=qcow2zstd file zstd.qcow2 qcow2-request-size=SIZE"
-echo "            nbdkit -r --filter=qcow2zstd curl $NGINX_URL/zstd.qcow2 qcow2-request-size=SIZE"
-echo "Client: nbdcopy --request-size=N URI null: (multi-conn), N in: $BENCH_HTTP_CLIENT_SIZES"
+echo "nginx: $NGINX_URL/TYPE.qcow2 (worker_processes $BENCH_NGINX_WORKERS, sendfile on; its files in $RUN_DIR/nginx)"
+echo "Contenders: nbdkit -r --filter=qcow2zstd file TYPE.qcow2 [qcow2-request-size=SIZE]"
+echo "            nbdkit -r --filter=qcow2zstd curl $NGINX_URL/TYPE.qcow2 [qcow2-request-size=SIZE]"
+echo "Images: $BENCH_HTTP_TYPES; client: nbdcopy --request-size=N URI null: (multi-conn), N in: $BENCH_HTTP_CLIENT_SIZES"
 
 if [ "$BENCH_VERIFY" = 1 ]; then
     echo
-    echo "Data check (nbdcopy URI - | md5sum against raw.img, qcow2-request-size=$BENCH_HTTP_DOC_SIZE, outside timing):"
+    echo "Data check (nbdcopy URI - | md5sum against raw.img, default parameters, outside timing):"
     want=$(cat "$IMG_DIR/raw.md5")
-    for kind in file nginx; do
-        serve "$kind" "$BENCH_HTTP_DOC_SIZE"
-        sum=$(nbdcopy "$SERVER_URI" - | md5sum | cut -d' ' -f1)
-        server_alive
-        stop_server
-        [ "$sum" = "$want" ] || die "$kind: md5 $sum, raw.img has $want"
-        printf '  %-6s md5 %s  OK\n' "$kind" "$sum"
+    for type in $BENCH_HTTP_TYPES; do
+        for kind in file nginx; do
+            serve "$kind" "$type" default
+            sum=$(nbdcopy "$SERVER_URI" - | md5sum | cut -d' ' -f1)
+            server_alive
+            stop_server
+            [ "$sum" = "$want" ] || die "$kind, $type: md5 $sum, raw.img has $want"
+            printf '  %-6s %-5s md5 %s  OK\n' "$kind" "$type" "$sum"
+        done
     done
 fi
 
-warm_files "$IMG_DIR/zstd.qcow2"
+for type in $BENCH_HTTP_TYPES; do warm_files "$IMG_DIR/$type.qcow2"; done
 for rep in $(seq "$BENCH_RUNS"); do
-    for client in $BENCH_HTTP_CLIENT_SIZES; do
-        for size in $BENCH_HTTP_SIZES; do
-            msg "repetition $rep/$BENCH_RUNS: nbdcopy --request-size=$client, qcow2-request-size=$size"
-            measure "$RES_DIR/$client-$size.file" file "$size" "$client"
-            measure "$RES_DIR/$client-$size.nginx" nginx "$size" "$client"
+    for type in $BENCH_HTTP_TYPES; do
+        for client in $BENCH_HTTP_CLIENT_SIZES; do
+            for size in $BENCH_HTTP_SIZES; do
+                msg "repetition $rep/$BENCH_RUNS: $type, nbdcopy --request-size=$client, qcow2-request-size=$size"
+                measure "$RES_DIR/$type-$client-$size.file" file "$type" "$size" "$client"
+                measure "$RES_DIR/$type-$client-$size.nginx" nginx "$type" "$size" "$client"
+            done
         done
     done
 done
@@ -160,28 +177,71 @@ ranges=$(grep -c ' 206 range=bytes=' "$NGINX_ACCESS_LOG" || true)
 echo
 printf 'Full read of the %s MiB disk (nbdcopy URI null:), median of %s; nginx served %s range requests\n' \
     "$(fmt 0 "$VSIZE_MIB")" "$BENCH_RUNS" "$ranges"
-printf '  %-8s %-11s %11s %11s %10s   %-26s %s\n' "nbdcopy" "qcow2-" "file MiB/s" "nginx MiB/s" \
-    "nginx/file" "CPU s, file: nbdkit" "nginx: nbdkit"
-printf '  %-8s %-11s %11s %11s %10s   %-26s %s\n' "requests" "request-size" "" "" "" \
+printf '  %-5s %-8s %-11s %11s %11s %10s   %-26s %s\n' "image" "nbdcopy" "qcow2-" "file MiB/s" \
+    "nginx MiB/s" "nginx/file" "CPU s, file: nbdkit" "nginx: nbdkit"
+printf '  %-5s %-8s %-11s %11s %11s %10s   %-26s %s\n' "" "requests" "request-size" "" "" "" \
     "+nbdcopy" "+nbdcopy+nginx"
-for client in $BENCH_HTTP_CLIENT_SIZES; do
-    for size in $BENCH_HTTP_SIZES; do
-        f=$RES_DIR/$client-$size
-        wf=$(col_median "$f.file" 1)
-        wn=$(col_median "$f.nginx" 1)
-        printf '  %-8s %-11s %11s %11s %10s   %-26s %s\n' "$client" "$size" \
-            "$(fmt 0 "$(calc "$VSIZE_MIB / $wf")")" "$(fmt 0 "$(calc "$VSIZE_MIB / $wn")")" \
-            "$(fmt 2 "$(ratio "$wf" "$wn")")" \
-            "$(fmt 2 "$(col_median "$f.file" 2)")+$(fmt 2 "$(col_median "$f.file" 3)")" \
-            "$(fmt 2 "$(col_median "$f.nginx" 2)")+$(fmt 2 "$(col_median "$f.nginx" 3)")+$(fmt 2 "$(col_median "$f.nginx" 4)")"
+for type in $BENCH_HTTP_TYPES; do
+    for client in $BENCH_HTTP_CLIENT_SIZES; do
+        for size in $BENCH_HTTP_SIZES; do
+            f=$RES_DIR/$type-$client-$size
+            wf=$(col_median "$f.file" 1)
+            wn=$(col_median "$f.nginx" 1)
+            printf '  %-5s %-8s %-11s %11s %11s %10s   %-26s %s\n' "$type" "$client" "$size" \
+                "$(fmt 0 "$(calc "$VSIZE_MIB / $wf")")" "$(fmt 0 "$(calc "$VSIZE_MIB / $wn")")" \
+                "$(fmt 2 "$(ratio "$wf" "$wn")")" \
+                "$(fmt 2 "$(col_median "$f.file" 2)")+$(fmt 2 "$(col_median "$f.file" 3)")" \
+                "$(fmt 2 "$(col_median "$f.nginx" 2)")+$(fmt 2 "$(col_median "$f.nginx" 3)")+$(fmt 2 "$(col_median "$f.nginx" 4)")"
+        done
     done
 done
 echo
-largest=${BENCH_HTTP_CLIENT_SIZES##* }
-if [[ " $BENCH_HTTP_SIZES " == *" $BENCH_HTTP_DOC_SIZE "* ]]; then
-    target "nginx / local file, qcow2-request-size=$BENCH_HTTP_DOC_SIZE, nbdcopy $largest" \
-        "$(ratio "$(col_median "$RES_DIR/$largest-$BENCH_HTTP_DOC_SIZE.file" 1)" \
-                 "$(col_median "$RES_DIR/$largest-$BENCH_HTTP_DOC_SIZE.nginx" 1)")" ">=" 0.9
+first_client=${BENCH_HTTP_CLIENT_SIZES%% *}
+if [[ " $BENCH_HTTP_SIZES " == *" default "* ]]; then
+    for type in $BENCH_HTTP_TYPES; do
+        f=$RES_DIR/$type-$first_client-default
+        target "$type: nginx / local file, default parameters, nbdcopy $first_client" \
+            "$(ratio "$(col_median "$f.file" 1)" "$(col_median "$f.nginx" 1)")" ">=" 0.9
+    done
+fi
+
+# Random reads through curl: the fetch ahead must cost them nothing.
+if [ "$BENCH_HTTP_RANDREAD" != 0 ]; then
+    builds=(filter)
+    [ -z "$FILTER2" ] || builds=(filter filter2)
+    for rep in $(seq "$BENCH_RUNS"); do
+        for b in "${builds[@]}"; do
+            so=$FILTER
+            [ "$b" = filter2 ] && so=$FILTER2
+            msg "repetition $rep/$BENCH_RUNS: randread through curl, $b"
+            FILTER=$so start_server "randread-$b" curl "$NGINX_URL/zstd.qcow2"
+            json=$RUN_DIR/randread-$b.json
+            (cd "$RUN_DIR" && exec fio --ioengine=nbd --uri="$SERVER_URI" \
+                --time_based --runtime="$BENCH_HTTP_RANDREAD" --ramp_time=2 \
+                --randrepeat=1 --norandommap --output-format=json \
+                --output="$json" --name=randread --rw=randread --bs=4k \
+                --iodepth=16) >>"$RUN_DIR/fio.log" 2>&1 ||
+                die "fio failed against $b through curl"
+            server_alive
+            stop_server
+            python3 - "$json" >> "$RES_DIR/randread.$b" <<'EOF' ||
+import json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+if job.get("error"):
+    sys.exit("fio: error %s" % job["error"])
+print("%.1f" % job["read"]["iops"])
+EOF
+                die "no result from fio ($b)"
+        done
+    done
+    echo "zstd image through curl, fio randread 4k QD16 ${BENCH_HTTP_RANDREAD} s, IOPS, median of $BENCH_RUNS:"
+    printf '  this filter  %s\n' "$(fmt 0 "$(median < "$RES_DIR/randread.filter")")"
+    if [ -n "$FILTER2" ]; then
+        printf '  filter (2)   %s  (%s: %s)\n' "$(fmt 0 "$(median < "$RES_DIR/randread.filter2")")" \
+            "this/filter (2)" "$(fmt 2 "$(ratio "$(median < "$RES_DIR/randread.filter")" "$(median < "$RES_DIR/randread.filter2")")")"
+    fi
+    echo
 fi
 echo "Load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 awk -v n="$NPROC" '{ w += $1; o += $5 } END {
