@@ -436,6 +436,9 @@ stop_slow ()
 slow_measure ()
 {
     local kind=$1 dev=$2 job=$3 json=$RUN_DIR/slow-$1-$2-$3.json rc=0 iops
+    # On the fast local file the page cache is the device: every
+    # contender starts from the disk.
+    [ "$dev" = slow ] || drop_pages "$SLOW_WORK_RAW" "$SLOW_WORK_QCOW2"
     start_slow "$kind" "$dev"
     (cd "$RUN_DIR" && exec fio --name="$job" --ioengine=nbd --uri="$SERVER_URI" \
         --rw="$job" --rwmixread=50 --bs=4k --iodepth=16 \
