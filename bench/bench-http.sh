@@ -224,14 +224,7 @@ if [ "$BENCH_HTTP_RANDREAD" != 0 ]; then
                 die "fio failed against $b through curl"
             server_alive
             stop_server
-            python3 - "$json" >> "$RES_DIR/randread.$b" <<'EOF' ||
-import json, sys
-text = open(sys.argv[1]).read()
-job = json.loads(text[text.index("{"):])["jobs"][0]
-if job.get("error"):
-    sys.exit("fio: error %s" % job["error"])
-print("%.1f" % job["read"]["iops"])
-EOF
+            fio_read_iops "$json" >> "$RES_DIR/randread.$b" ||
                 die "no result from fio ($b)"
         done
     done

@@ -86,14 +86,7 @@ measure ()
     server_alive
     stop_server
     [ "$rc" -eq 0 ] || die "fio failed (status $rc) against ${LABEL[$kind]} ($job)"
-    python3 - "$json" >> "$RES_DIR/$job.$kind" <<'EOF' ||
-import json, sys
-text = open(sys.argv[1]).read()
-job = json.loads(text[text.index("{"):])["jobs"][0]
-if job.get("error"):
-    sys.exit("fio: error %s" % job["error"])
-print("%.1f" % job["read"]["iops"])
-EOF
+    fio_read_iops "$json" >> "$RES_DIR/$job.$kind" ||
         die "no result from fio (${LABEL[$kind]}, $job)"
 }
 

@@ -269,6 +269,20 @@ warm_files ()
     done
 }
 
+# fio_read_iops JSON: print the read IOPS of the first job in fio's
+# --output-format=json output file JSON; fails on a job error.
+fio_read_iops ()
+{
+    python3 - "$1" <<'EOF'
+import json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+if job.get("error"):
+    sys.exit("fio: error %s" % job["error"])
+print("%.1f" % job["read"]["iops"])
+EOF
+}
+
 # drop_pages FILE...: write the files' dirty pages and drop all their
 # pages from the page cache, so that contenders start alike: a file just
 # written by qemu-img (its pages fresh in the cache, in large folios)

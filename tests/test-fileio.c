@@ -80,40 +80,63 @@ pwrite (int fd, const void *buf, size_t count, off_t offset)
   return syscall (SYS_pwrite64, fd, buf, count, offset);
 }
 
+/* An empty file NAME in the scratch directory (its path in PATH, of
+ * PATH_LEN bytes), opened for writing as the plugin form opens its file.
+ */
+static void
+new_file (char *path, size_t path_len, const char *name, struct qcow2_io *io)
+{
+  int fd;
+
+  snprintf (path, path_len, "%s/%s", scratch_dir (), name);
+  fd = open (path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+  CHECK (fd >= 0);
+  if (fd >= 0)
+    close (fd);
+  CHECK_EQ (qcow2_fileio_open (path, true, io), 0);
+}
+
+/* qcow2-create on IO as the plugin form runs it (an 8 MiB disk of 64 KiB
+ * clusters, OPTS made writable and growable), into S with a connection:
+ * false, with the check failed, if not.
+ */
+static bool
+create_image (struct qcow2_io *io, struct qcow2_options *opts,
+              struct session *s)
+{
+  const struct qcow2_create_options c = {
+    .virtual_size = 8 * MiB, .cluster_bits = 16,
+    .compression_type = QCOW2_COMPRESSION_ZLIB,
+  };
+  int r;
+
+  opts->writable = true;
+  opts->growable = true;
+  memset (s, 0, sizeof *s);
+  session_log_init (s);
+  r = qcow2_create (io, &s->qlog, &c, opts, &s->img);
+  CHECK_EQ (r, 0);
+  if (r == 0)
+    s->conn = qcow2_conn_new (s->img);
+  CHECK (s->conn != NULL);
+  return s->conn != NULL;
+}
+
 static void
 test_flushes_sync (void)
 {
   char path[4200];
   struct qcow2_io io;
-  struct qcow2_create_options c = {
-    .virtual_size = 8 * MiB, .cluster_bits = 16,
-    .compression_type = QCOW2_COMPRESSION_ZLIB,
-  };
   struct qcow2_options opts = default_options;
   struct session s;
   uint8_t *buf = xmalloc (256 * KiB);
   unsigned long before;
-  int fd, r;
+  int r;
 
-  snprintf (path, sizeof path, "%s/image.qcow2", scratch_dir ());
-  fd = open (path, O_RDWR | O_CREAT | O_TRUNC, 0644);
-  CHECK (fd >= 0);
-  if (fd >= 0)
-    close (fd);
-  CHECK_EQ (qcow2_fileio_open (path, true, &io), 0);
+  new_file (path, sizeof path, "image.qcow2", &io);
   watched_fd = qcow2_fileio_fd (&io);
-  opts.writable = true;
-  opts.growable = true;
-  memset (&s, 0, sizeof s);
-  session_log_init (&s);
-
   mem_io_engine_call = true;
-  r = qcow2_create (&io, &s.qlog, &c, &opts, &s.img);
-  CHECK_EQ (r, 0);
-  if (r == 0)
-    s.conn = qcow2_conn_new (s.img);
-  CHECK (s.conn != NULL);
-  if (s.conn == NULL)
+  if (!create_image (&io, &opts, &s))
     goto out;
   /* qcow2-create made its tables and header durable. */
   CHECK (atomic_load (&syncs) >= 2);
@@ -188,36 +211,17 @@ test_tail_cut_unlocked (void)
 {
   char path[4200];
   struct qcow2_io io;
-  struct qcow2_create_options c = {
-    .virtual_size = 8 * MiB, .cluster_bits = 16,
-    .compression_type = QCOW2_COMPRESSION_ZLIB,
-  };
   struct qcow2_options opts = default_options;
   struct lock_watch w;
   struct session s;
   uint8_t *buf = xmalloc (2 * MiB);
   struct stat st;
   off_t written;
-  int fd, r;
 
-  snprintf (path, sizeof path, "%s/tail.qcow2", scratch_dir ());
-  fd = open (path, O_RDWR | O_CREAT | O_TRUNC, 0644);
-  CHECK (fd >= 0);
-  if (fd >= 0)
-    close (fd);
-  CHECK_EQ (qcow2_fileio_open (path, true, &io), 0);
-  opts.writable = true;
-  opts.growable = true;
+  new_file (path, sizeof path, "tail.qcow2", &io);
   opts.discard = QCOW2_DISCARD_UNMAP;
-  memset (&s, 0, sizeof s);
-  session_log_init (&s);
   mem_io_engine_call = true;
-  r = qcow2_create (&io, &s.qlog, &c, &opts, &s.img);
-  CHECK_EQ (r, 0);
-  if (r == 0)
-    s.conn = qcow2_conn_new (s.img);
-  CHECK (s.conn != NULL);
-  if (s.conn == NULL)
+  if (!create_image (&io, &opts, &s))
     goto out;
   fill_pattern (buf, 2 * MiB, 9);
   CHECK_EQ (qcow2_write (s.conn, &io, buf, 1 * MiB, 0, false), 0);
@@ -349,22 +353,12 @@ test_write_during_cut (void)
 {
   char path[4200];
   struct qcow2_io file_io, io;
-  struct qcow2_create_options c = {
-    .virtual_size = 8 * MiB, .cluster_bits = 16,
-    .compression_type = QCOW2_COMPRESSION_ZLIB,
-  };
   struct qcow2_options opts = default_options;
   struct held_cut h = { .started = false };
   struct session s;
   uint8_t *buf = xmalloc (2 * MiB), *back = xmalloc (1 * MiB);
-  int fd, r;
 
-  snprintf (path, sizeof path, "%s/cut.qcow2", scratch_dir ());
-  fd = open (path, O_RDWR | O_CREAT | O_TRUNC, 0644);
-  CHECK (fd >= 0);
-  if (fd >= 0)
-    close (fd);
-  CHECK_EQ (qcow2_fileio_open (path, true, &file_io), 0);
+  new_file (path, sizeof path, "cut.qcow2", &file_io);
   h.under = file_io;
   io = (struct qcow2_io) {
     .opaque = &h, .pread = held_pread, .pwrite = held_pwrite,
@@ -372,19 +366,12 @@ test_write_during_cut (void)
     .discard = file_io.discard ? held_discard : NULL,
     .truncate = held_truncate,
   };
-  opts.writable = true;
-  opts.growable = true;
   opts.discard = QCOW2_DISCARD_UNMAP;
-  memset (&s, 0, sizeof s);
-  session_log_init (&s);
-  r = qcow2_create (&io, &s.qlog, &c, &opts, &s.img);
-  CHECK_EQ (r, 0);
-  if (r == 0) {
-    s.conn = qcow2_conn_new (s.img);
-    h.conn = qcow2_conn_new (s.img);
-  }
-  CHECK (s.conn != NULL && h.conn != NULL);
-  if (s.conn == NULL || h.conn == NULL)
+  if (!create_image (&io, &opts, &s))
+    goto out;
+  h.conn = qcow2_conn_new (s.img);
+  CHECK (h.conn != NULL);
+  if (h.conn == NULL)
     goto out;
   fill_pattern (buf, 2 * MiB, 11);
   h.io = &io;

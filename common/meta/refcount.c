@@ -231,6 +231,32 @@ qcow2_refcount_each_block (const struct qcow2_image *img,
   return 0;
 }
 
+/* A new block in memory, read from OFF: *OUT, or -errno after logging
+ * (then nothing to free).
+ */
+static int
+read_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t off,
+            struct meta_table **out)
+{
+  struct meta_table *t = malloc (sizeof *t + img->header.cluster_size);
+  int r;
+
+  *out = NULL;
+  if (t == NULL) {
+    qcow2_error (img, "out of memory for a refcount block");
+    return -ENOMEM;
+  }
+  t->offset = off;
+  t->dirty = false;
+  r = qcow2_pread_clamped (img, io, t->data, img->header.cluster_size, off);
+  if (r < 0) {
+    free (t);
+    return r;
+  }
+  *out = t;
+  return 0;
+}
+
 /* The block for table index RT_INDEX, loaded if needed; *BLOCK is NULL if
  * the table has no block there (every refcount it would hold is 0).
  */
@@ -259,14 +285,7 @@ get_block (struct qcow2_image *img, struct qcow2_io *io, uint64_t rt_index,
                                                     img->header.cluster_bits)),
                                off);
   if (t == NULL) {
-    t = malloc (sizeof *t + img->header.cluster_size);
-    if (t == NULL) {
-      qcow2_error (img, "out of memory for a refcount block");
-      return -ENOMEM;
-    }
-    t->offset = off;
-    t->dirty = false;
-    r = qcow2_pread_clamped (img, io, t->data, img->header.cluster_size, off);
+    r = read_block (img, io, off, &t);
     if (r == 0 && tablemap_insert (&rc->blocks, t) == -1) {
       qcow2_error (img, "out of memory for a refcount block");
       r = -ENOMEM;
@@ -303,21 +322,12 @@ qcow2_refcount_fetch (struct qcow2_image *img, struct qcow2_io *io,
   for (i = 0; i < f->n; ++i)
     if (f->rt_index[i] == rt_index)
       return 0;
-  t = malloc (sizeof *t + img->header.cluster_size);
-  if (t == NULL) {
-    qcow2_error (img, "out of memory for a refcount block");
-    return -ENOMEM;
-  }
-  t->offset = off;
-  t->dirty = false;
   /* Not in memory, so not changed since the image was opened: what the
    * storage holds is current.
    */
-  r = qcow2_pread_clamped (img, io, t->data, img->header.cluster_size, off);
-  if (r < 0) {
-    free (t);
+  r = read_block (img, io, off, &t);
+  if (r < 0)
     return r;
-  }
   f->rt_index[f->n] = rt_index;
   f->block[f->n++] = t;
   return 0;
