@@ -122,6 +122,18 @@ create_image (struct qcow2_io *io, struct qcow2_options *opts,
   return s->conn != NULL;
 }
 
+/* Close S's connection and image, for qemu to look at the file. */
+static void
+close_image (struct session *s)
+{
+  mem_io_engine_call = true;
+  qcow2_conn_free (s->conn);
+  s->conn = NULL;
+  qcow2_image_close (s->img);
+  s->img = NULL;
+  mem_io_engine_call = false;
+}
+
 static void
 test_flushes_sync (void)
 {
@@ -178,22 +190,14 @@ test_flushes_sync (void)
   mem_io_engine_call = false;
 
   /* And qemu reads what was written. */
-  qcow2_conn_free (s.conn);
-  s.conn = NULL;
-  mem_io_engine_call = true;
-  qcow2_image_close (s.img);
-  mem_io_engine_call = false;
-  s.img = NULL;
+  close_image (&s);
   r = run_command ("qemu-img check -q '%s'", path);
   CHECK (r == 0 || r == 3);             /* leaks after the failed sync */
   CHECK_EQ (run_command ("qemu-io -r -f qcow2 -c 'read -P 0x%02x 7340032 1' "
                          "'%s' > /dev/null", buf[0], path), 0);
 
  out:
-  if (s.conn)
-    qcow2_conn_free (s.conn);
-  if (s.img)
-    qcow2_image_close (s.img);
+  close_image (&s);
   watched_fd = -1;
   qcow2_fileio_close (&io);
   CHECK (s.log.errors >= 1);            /* the failed sync was said */
@@ -245,13 +249,7 @@ test_tail_cut_unlocked (void)
   /* Written again after the cut: the file grows back. */
   CHECK_EQ (qcow2_write (s.conn, &io, buf, 1 * MiB, 6 * MiB, false), 0);
   CHECK_EQ (qcow2_flush (s.img, &io), 0);
-  mem_io_engine_call = false;
-  qcow2_conn_free (s.conn);
-  s.conn = NULL;
-  mem_io_engine_call = true;
-  qcow2_image_close (s.img);
-  mem_io_engine_call = false;
-  s.img = NULL;
+  close_image (&s);
   CHECK_EQ (run_command ("qemu-img check -q '%s'", path), 0);
   CHECK_EQ (run_command ("qemu-io -r -f qcow2 -c 'read -P 0 4M 2M' "
                          "-c 'read -P 0x%02x 6M 1' '%s' > /dev/null",
@@ -259,10 +257,7 @@ test_tail_cut_unlocked (void)
 
  out:
   mem_io_engine_call = false;
-  if (s.conn)
-    qcow2_conn_free (s.conn);
-  if (s.img)
-    qcow2_image_close (s.img);
+  close_image (&s);
   qcow2_fileio_close (&io);
   CHECK_EQ (s.log.errors, 0);
   free (buf);
@@ -403,10 +398,7 @@ test_write_during_cut (void)
  out:
   if (h.conn)
     qcow2_conn_free (h.conn);
-  if (s.conn)
-    qcow2_conn_free (s.conn);
-  if (s.img)
-    qcow2_image_close (s.img);
+  close_image (&s);
   qcow2_fileio_close (&file_io);
   CHECK_EQ (s.log.errors, 0);
   free (buf);
