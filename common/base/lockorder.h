@@ -40,14 +40,15 @@ enum qcow2_lock_rank {
    * held across opening and locking files, under no other lock.
    */
   QCOW2_RANK_EXPORT_LOCKS = 20,
+  /* The image's first change (meta/first-change.c): one at a time, its
+   * writes and flush made under it with no image lock held; the bitmaps'
+   * in_use flags are set under the store's lock, taken inside.
+   */
+  QCOW2_RANK_FIRST_CHANGE = 35,
   /* The persistent bitmaps' store (meta/bitmap-store.c): one store at a
    * time; a store runs writebacks.
    */
   QCOW2_RANK_BITMAP_STORE = 40,
-  /* The image's first change (meta/first-change.c): one at a time, its
-   * writes and flush made under it with no image lock held.
-   */
-  QCOW2_RANK_FIRST_CHANGE = 45,
   /* One metadata writeback at a time (meta/writeback.c). */
   QCOW2_RANK_WRITEBACK = 50,
   /* The image lock (meta/image.h): the metadata, exclusive to change it,

@@ -539,19 +539,21 @@ qcow2_bitmaps_first_change (struct qcow2_image *img, struct qcow2_io *io)
 
   if (b == NULL || !b->kept || b->ntracked == 0)
     return 0;
+  /* The flags and in_use_on_disk are the store's too. */
+  qcow2_mutex_lock (&b->store_lock);
   /* From here on a store has something to do, even if a write fails. */
   b->in_use_on_disk = true;
-  for (i = 0; i < b->count; ++i) {
+  for (i = 0, r = 0; i < b->count && r == 0; ++i) {
     struct bitmap *bm = &b->bitmaps[i];
 
     if (!bm->tracked)
       continue;
     bm->flags |= FLAG_IN_USE;
     r = qcow2_bitmap_write_flags (img, io, bm, bm->flags);
-    if (r < 0)
-      return r;
   }
-  qcow2_debug (img, "first change: %u bitmap(s) marked in use",
-               b->ntracked);
-  return 0;
+  qcow2_mutex_unlock (&b->store_lock);
+  if (r == 0)
+    qcow2_debug (img, "first change: %u bitmap(s) marked in use",
+                 b->ntracked);
+  return r;
 }

@@ -44,8 +44,9 @@
  * qcow2_bitmaps_mark and the store's copy; one store at a time under a
  * second lock of its own, taken with no other lock held (a store takes
  * the writeback lock and the image lock inside it).  Open, check and
- * free with nothing else running; qcow2_bitmaps_first_change with the
- * image lock held exclusively.
+ * free with nothing else running; qcow2_bitmaps_first_change under the
+ * first change's lock (meta/first-change.h), taking the store's lock
+ * itself.
  * Needs: the header's extension, host I/O, the allocator (new clusters,
  * releases), the refcounts (the check), the writeback (what a store
  * allocated is counted durably before anything points at it).
@@ -91,8 +92,9 @@ bool qcow2_bitmaps_tracking (const struct qcow2_image *img);
 
 /* Set in_use in the directory entries of the tracked bitmaps, in place
  * (aligned 4-byte writes: each is on disk whole or not at all).  The
- * caller flushes before any guest data changes.  With the image lock held
- * exclusively.  0, or -errno after logging.
+ * caller flushes before any guest data changes.  Under the first
+ * change's lock, with no lock of the bitmaps held.  0, or -errno after
+ * logging.
  */
 int qcow2_bitmaps_first_change (struct qcow2_image *img, struct qcow2_io *io);
 
