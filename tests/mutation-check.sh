@@ -92,7 +92,7 @@ create-header-unflushed | qcow2_create     | any    | replace:^    r = io->flush
 claims-not-checked  | commit_run           | any    | replace:^\s*if \(qcow2_inflight_claimed \(&img->inflight, commit->first,:  if (0 && qcow2_inflight_claimed (&img->inflight, commit->first, | test-engine-writeback test-concurrent-writes
 grace-skipped       | qcow2_inflight_wait  | any    | start:return;                                 | test-engine-writeback
 corrupt-bit-overwritten | qcow2_pwrite_dirty_bit | any | replace:^\s*if \(r == 0 && atomic_load \(&img->corrupt\)\) \{:  if (0) { | test-engine-writeback
-l2-read-exclusive   | commit_run           | any    | replace:^\s*r = looked_up \? 0 . look_up \(commit\);:    r = 0; | test-engine-writeback
+l2-read-exclusive   | commit_run           | any    | replace:^\s*r = looked_up \? 0 . look_up \(commit\);:    r = looked_up ? 0 : 0; | test-engine-writeback
 refcount-block-exclusive | qcow2_alloc_fetch | any    | start:return 0;                               | test-engine-writeback
 release-block-exclusive | qcow2_frees_fetch | any     | start:return 0;                               | test-engine-writeback
 cut-not-held-back   | find_free            | any    | replace:^\s*\? a->cut_from . a->host_clusters;:    ? a->host_clusters : a->host_clusters; | test-fileio
