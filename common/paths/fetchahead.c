@@ -21,9 +21,9 @@
 struct fetch_ahead {
   struct qcow2_mutex lock;
   /* Under LOCK: where the connection's last RECENT_READS reads began
-   * (a ring, SEEN of them so far); the bytes held ([start, end) of the
-   * image file, when HELD), and whether a thread is fetching into BUF
-   * (which nobody reads meanwhile).
+   * (a ring; SEEN is below RECENT_READS until it is full); the bytes
+   * held ([start, end) of the image file, when HELD), and whether a
+   * thread is fetching into BUF (which nobody reads meanwhile).
    */
   uint64_t recent[RECENT_READS];
   unsigned seen;
