@@ -26,8 +26,10 @@
 #                              the zstd image through curl, after a 2 s
 #                              ramp (0: none)
 #   BENCH_FILTER2=PATH         a second build of the filter (such as
-#                              main's) for the random reads, with the
-#                              ratio of the two
+#                              main's), measured beside this one on the
+#                              full reads with the default parameters and
+#                              nbdcopy's first request size, and on the
+#                              random reads, with the ratios of the two
 #   BENCH_NGINX_WORKERS=1      nginx's worker_processes
 #   BENCH_NICE=N               run everything (nginx, nbdkit, nbdcopy) at
 #                              nice N, e.g. -10 on a machine shared with
@@ -168,6 +170,11 @@ for rep in $(seq "$BENCH_RUNS"); do
                 msg "repetition $rep/$BENCH_RUNS: $type, nbdcopy --request-size=$client, qcow2-request-size=$size"
                 measure "$RES_DIR/$type-$client-$size.file" file "$type" "$size" "$client"
                 measure "$RES_DIR/$type-$client-$size.nginx" nginx "$type" "$size" "$client"
+                if [ -n "$FILTER2" ] && [ "$size" = default ] &&
+                   [ "$client" = "${BENCH_HTTP_CLIENT_SIZES%% *}" ]; then
+                    FILTER=$FILTER2 measure "$RES_DIR/$type-$client-$size.file2" file "$type" "$size" "$client"
+                    FILTER=$FILTER2 measure "$RES_DIR/$type-$client-$size.nginx2" nginx "$type" "$size" "$client"
+                fi
             done
         done
     done
@@ -203,6 +210,19 @@ if [[ " $BENCH_HTTP_SIZES " == *" default "* ]]; then
         target "$type: nginx / local file, default parameters, nbdcopy $first_client" \
             "$(ratio "$(col_median "$f.file" 1)" "$(col_median "$f.nginx" 1)")" ">=" 0.9
     done
+    if [ -n "$FILTER2" ]; then
+        echo
+        echo "The second build ($FILTER2), the same reads in the same repetitions:"
+        for type in $BENCH_HTTP_TYPES; do
+            f=$RES_DIR/$type-$first_client-default
+            printf '  %-5s file %s MiB/s, nginx %s MiB/s, nginx/file %s; over nginx this build/the second %s, over the file %s\n' \
+                "$type" "$(fmt 0 "$(calc "$VSIZE_MIB / $(col_median "$f.file2" 1)")")" \
+                "$(fmt 0 "$(calc "$VSIZE_MIB / $(col_median "$f.nginx2" 1)")")" \
+                "$(fmt 2 "$(ratio "$(col_median "$f.file2" 1)" "$(col_median "$f.nginx2" 1)")")" \
+                "$(fmt 2 "$(ratio "$(col_median "$f.nginx2" 1)" "$(col_median "$f.nginx" 1)")")" \
+                "$(fmt 2 "$(ratio "$(col_median "$f.file2" 1)" "$(col_median "$f.file" 1)")")"
+        done
+    fi
 fi
 
 # Random reads through curl: the fetch ahead must cost them nothing.

@@ -526,6 +526,8 @@ qcow2_image_get_stats (struct qcow2_image *img, struct qcow2_stats *stats)
   stats->reads_underneath = atomic_load (&img->counters.reads_underneath);
   stats->reads_fetched_ahead =
     atomic_load (&img->counters.reads_fetched_ahead);
+  stats->fetches_in_background =
+    atomic_load (&img->counters.fetches_in_background);
   qcow2_cache_get_stats (img->cluster_cache, &cs);
   stats->cluster_cache_hits = cs.hits;
   stats->cluster_cache_misses = cs.misses;

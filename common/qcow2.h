@@ -52,6 +52,7 @@ struct qcow2_stats {
   uint64_t bytes_read_underneath;
   uint64_t reads_underneath;
   uint64_t reads_fetched_ahead; /* served from bytes fetched ahead */
+  uint64_t fetches_in_background; /* those bytes read by a thread of ours */
 };
 
 struct qcow2_image;
@@ -118,6 +119,14 @@ void qcow2_image_get_stats (struct qcow2_image *image,
 /* Per-connection state.  Returns NULL (after logging) on failure. */
 struct qcow2_conn *qcow2_conn_new (struct qcow2_image *image);
 void qcow2_conn_free (struct qcow2_conn *conn);
+
+/* Let CONN fetch the bytes ahead of a sequential reader from IO on a
+ * thread of its own, while its reads decode what came before (an image
+ * opened read-only, no external data file: paths/fetchahead.h).  Without
+ * it the read that needs them fetches them.  Call before the first read.
+ */
+void qcow2_conn_fetch_in_background (struct qcow2_conn *conn,
+                                     const struct qcow2_background_io *io);
 
 /* Read COUNT bytes of the guest disk at OFFSET into BUF.  The range must
  * lie inside the virtual size.  Thread safe: several threads may read

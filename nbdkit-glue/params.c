@@ -640,7 +640,8 @@ params_log_stats (struct qcow2_image *img, const char *exportname)
                 " misses %" PRIu64 " evictions (%.0f%% hits), L2 cache %"
                 PRIu64 " hits %" PRIu64 " misses %" PRIu64 " evictions, %"
                 PRIu64 " bytes in %" PRIu64 " reads underneath, %" PRIu64
-                " reads from bytes fetched ahead", exportname,
+                " reads from bytes fetched ahead (%" PRIu64 " fetches in "
+                "the background)", exportname,
                 s.clusters_decompressed,
                 s.cluster_cache_hits, s.cluster_cache_misses,
                 s.cluster_cache_evictions,
@@ -649,7 +650,7 @@ params_log_stats (struct qcow2_image *img, const char *exportname)
                   (s.cluster_cache_hits + s.cluster_cache_misses) : 0.0,
                 s.l2_cache_hits, s.l2_cache_misses, s.l2_cache_evictions,
                 s.bytes_read_underneath, s.reads_underneath,
-                s.reads_fetched_ahead);
+                s.reads_fetched_ahead, s.fetches_in_background);
 }
 
 int

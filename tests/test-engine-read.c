@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "qcow2.h"
 #include "read-image.h"
@@ -379,50 +380,73 @@ check_builder (const struct image *img)
     CHECK (shared_host_cluster);
 }
 
-/* A read-only connection that reads on sequentially fetches the request
- * size of the image file ahead in one read and serves the reads that
- * follow from it (paths/fetchahead.h); random reads fetch nothing ahead.
- * A compressed image written by the engine, then opened read-only.
+/* Write a 16 MiB disk of clusters half random, half zeros (compressed
+ * to about half a cluster each) into a new zstd image, and open it again
+ * read-only with requests of 1 MiB, as S.  Fills DATA.  False, after
+ * closing S, where the session could not be made.
  */
-static void
-test_fetch_ahead (void)
+static bool
+open_fetch_image (struct session *s, uint8_t *data, uint64_t len)
 {
-  const uint64_t C = 64 * KiB, len = 16 * MiB, piece = 64 * KiB;
+  const uint64_t C = 64 * KiB;
   const struct new_image spec = {
     3, 16, 4, QCOW2_COMPRESSION_ZSTD, 32 * MiB, 32 * MiB, 0,
   };
   struct qcow2_options opts = default_options;
-  uint8_t *data = xmalloc (len), *back = xmalloc (len);
-  unsigned long reads;
-  struct session s;
 
   opts.writable = true;
   opts.compress = true;
-  CHECK_EQ (session_open_new (&s, &spec, 0, &opts), 0);
-  if (s.conn == NULL) {
-    session_close (&s);
-    goto out;
+  CHECK_EQ (session_open_new (s, &spec, 0, &opts), 0);
+  if (s->conn == NULL) {
+    session_close (s);
+    return false;
   }
-  /* Half of every cluster random bytes, half zeros: compressed to about
-   * half a cluster.
-   */
   for (uint64_t k = 0, state = 21; k < len / 8; ++k) {
     uint64_t v = rng (&state);
     memcpy (data + 8 * k, &v, 8);
   }
   for (uint64_t k = 0; k < len / C; ++k)
     memset (data + k * C + C / 2, 0, C / 2);
-  CHECK_EQ (do_write (&s, data, len, 0, false), 0);
-  CHECK_EQ (do_flush (&s), 0);
-  session_close_image (&s);
+  CHECK_EQ (do_write (s, data, len, 0, false), 0);
+  CHECK_EQ (do_flush (s), 0);
+  session_close_image (s);
   opts.writable = false;
   opts.compress = false;
   opts.request_size = 1 * MiB;
-  CHECK_EQ (session_open_io (&s, &opts), 0);
-  if (s.conn == NULL) {
-    session_close (&s);
-    goto out;
+  CHECK_EQ (session_open_io (s, &opts), 0);
+  if (s->conn == NULL) {
+    session_close (s);
+    return false;
   }
+  return true;
+}
+
+/* 256 reads of one cluster at random: each the storage's own read. */
+static void
+read_at_random (struct session *s, const uint8_t *data, uint64_t len)
+{
+  const uint64_t C = 64 * KiB;
+  uint8_t *back = xmalloc (C);
+
+  for (unsigned k = 0; k < 256; ++k) {
+    uint64_t off = ((k * 2654435761u) % (len / C)) * C;
+    CHECK_EQ (do_read (s, back, C, off), 0);
+    CHECK (memcmp (back, data + off, C) == 0);
+  }
+  free (back);
+}
+
+/* The bytes ahead of a sequential reader, fetched by the reads. */
+static void
+test_fetch_ahead (void)
+{
+  const uint64_t len = 16 * MiB, piece = 64 * KiB;
+  uint8_t *data = xmalloc (len), *back = xmalloc (len);
+  unsigned long reads;
+  struct session s;
+
+  if (!open_fetch_image (&s, data, len))
+    goto out;
 
   /* 256 reads of one cluster in order: about 8 MiB of compressed data,
    * fetched 1 MiB at a time.
@@ -438,16 +462,149 @@ test_fetch_ahead (void)
   /* Random single clusters: each read on its own, none ahead. */
   atomic_store (&s.mio.largest, 0);
   atomic_store (&s.mio.preads, 0);
-  for (unsigned k = 0; k < 256; ++k) {
-    uint64_t off = ((k * 2654435761u) % (len / C)) * C;
-    CHECK_EQ (do_read (&s, back, C, off), 0);
-    CHECK (memcmp (back, data + off, C) == 0);
-  }
+  read_at_random (&s, data, len);
   CHECK (atomic_load (&s.mio.largest) < 1 * MiB);
   session_close (&s);
  out:
   free (data);
   free (back);
+}
+
+/* What the engine's background thread reads (base/io.h: struct
+ * qcow2_background_io): the session's storage, watched.
+ */
+struct background_watch {
+  struct mem_io *mio;
+  pthread_t caller;             /* the test's thread, which calls the engine */
+  atomic_uint opens, opens_elsewhere, preads, preads_on_caller;
+  int fail_errno;               /* every read fails with it, if set */
+  /* The first read waits until the test has made two more reads of the
+   * disk, for at most a minute, and says whether they came: they come
+   * only if the fetch runs beside the reads (a read that made the fetch
+   * itself would be waiting for itself).
+   */
+  bool gate;
+  atomic_bool gate_reached, gate_opened;
+  atomic_ulong reads_done;      /* by the test */
+};
+
+static int
+background_open (void *opaque)
+{
+  struct background_watch *w = opaque;
+
+  atomic_fetch_add (&w->opens, 1);
+  if (!pthread_equal (pthread_self (), w->caller))
+    atomic_fetch_add (&w->opens_elsewhere, 1);
+  return 0;
+}
+
+static int
+background_pread (void *opaque, void *buf, size_t count, uint64_t offset)
+{
+  struct background_watch *w = opaque;
+
+  atomic_fetch_add (&w->preads, 1);
+  if (pthread_equal (pthread_self (), w->caller))
+    atomic_fetch_add (&w->preads_on_caller, 1);
+  if (w->fail_errno)
+    return -w->fail_errno;
+  if (w->gate && !atomic_exchange (&w->gate_reached, true)) {
+    unsigned long from = atomic_load (&w->reads_done);
+    for (unsigned ms = 0; ms < 60000; ++ms) {
+      if (atomic_load (&w->reads_done) >= from + 2) {
+        atomic_store (&w->gate_opened, true);
+        break;
+      }
+      nanosleep (&(struct timespec) { .tv_nsec = 1000000 }, NULL);
+    }
+  }
+  if (offset > w->mio->size || count > w->mio->size - offset)
+    return -EIO;
+  pthread_mutex_lock (&w->mio->lock);
+  memcpy (buf, w->mio->data + offset, count);
+  pthread_mutex_unlock (&w->mio->lock);
+  return 0;
+}
+
+/* Read the whole disk in order, one cluster at a time, with the bytes
+ * ahead fetched through W, counting the reads in W.
+ */
+static void
+read_in_order (struct session *s, struct background_watch *w,
+               const uint8_t *data, uint64_t len)
+{
+  const uint64_t piece = 64 * KiB;
+  uint8_t *back = xmalloc (len);
+
+  for (uint64_t off = 0; off < len; off += piece) {
+    CHECK_EQ (do_read (s, back + off, piece, off), 0);
+    atomic_fetch_add (&w->reads_done, 1);
+  }
+  CHECK (memcmp (back, data, len) == 0);
+  free (back);
+}
+
+/* The bytes ahead of a sequential reader, fetched by a thread of the
+ * engine's while the reads go on; random readers start nothing.
+ */
+static void
+test_fetch_in_background (void)
+{
+  const uint64_t len = 16 * MiB;
+  uint8_t *data = xmalloc (len);
+  struct background_watch w = { .caller = pthread_self (), .gate = true };
+  struct qcow2_background_io bg = {
+    .opaque = &w, .open = background_open, .pread = background_pread,
+  };
+  struct qcow2_stats stats;
+  unsigned long own_reads;
+  struct session s;
+
+  if (!open_fetch_image (&s, data, len))
+    goto out;
+  w.mio = &s.mio;
+  qcow2_conn_fetch_in_background (s.conn, &bg);
+
+  /* Random readers: nothing opened, nothing read in the background. */
+  read_at_random (&s, data, len);
+  CHECK_EQ (atomic_load (&w.opens), 0);
+  CHECK_EQ (atomic_load (&w.preads), 0);
+
+  /* In order: the reads fetch the first stretch, the thread the rest
+   * (about 8 MiB compressed, in fetches of 1 MiB), each while the reads
+   * decode the stretch before it.
+   */
+  atomic_store (&s.mio.preads, 0);
+  read_in_order (&s, &w, data, len);
+  own_reads = atomic_load (&s.mio.preads);
+  CHECK_EQ (atomic_load (&w.opens), 1);
+  CHECK_EQ (atomic_load (&w.opens_elsewhere), 0);
+  CHECK (atomic_load (&w.preads) >= 5);
+  CHECK_EQ (atomic_load (&w.preads_on_caller), 0);
+  CHECK (atomic_load (&w.gate_opened));
+  CHECK (own_reads <= 6);
+  qcow2_image_get_stats (s.img, &stats);
+  CHECK_EQ (stats.fetches_in_background, atomic_load (&w.preads));
+  printf ("fetched in the background: %u reads of the thread's, %lu of "
+          "the reads' own\n", atomic_load (&w.preads), own_reads);
+  session_close (&s);
+
+  /* A thread whose reads fail: its first failure stops it, and the
+   * reads fetch for themselves.
+   */
+  memset (&w, 0, sizeof w);
+  w.caller = pthread_self ();
+  w.fail_errno = EIO;
+  if (!open_fetch_image (&s, data, len))
+    goto out;
+  w.mio = &s.mio;
+  qcow2_conn_fetch_in_background (s.conn, &bg);
+  read_in_order (&s, &w, data, len);
+  CHECK_EQ (atomic_load (&w.preads), 1);
+  session_close (&s);
+ out:
+  free (data);
 }
 
 int
@@ -470,5 +627,6 @@ main (void)
     image_free (img);
   }
   test_fetch_ahead ();
+  test_fetch_in_background ();
   return unit_finish ();
 }

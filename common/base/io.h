@@ -63,6 +63,29 @@ struct qcow2_io {
                        uint64_t *length, bool *hole);
 };
 
+/* Storage that a thread of the engine's own reads, beside the calls
+ * through the connection's struct qcow2_io and at the same time: the
+ * bytes fetched ahead of a sequential reader in the background
+ * (paths/fetchahead.h).  The front end gives it to a connection
+ * (qcow2_conn_fetch_in_background) only where the storage can serve two
+ * readers at once, and closes what open made after qcow2_conn_free.
+ */
+struct qcow2_background_io {
+  void *opaque;
+
+  /* Called at most once, before the first pread, on a thread that
+   * called into the engine (the front end may open a handle of its own
+   * there).  0, or -errno: then nothing is read in the background.  NULL
+   * when there is nothing to open.
+   */
+  int (*open) (void *opaque);
+
+  /* As qcow2_io.pread, called by the connection's one background
+   * thread only.
+   */
+  int (*pread) (void *opaque, void *buf, size_t count, uint64_t offset);
+};
+
 /* Messages.  Any callback may be NULL.  MSG is a complete sentence
  * without a trailing newline.  A warning is something the user should
  * fix although the image was served.

@@ -66,6 +66,7 @@ struct qcow2_counters {
   _Atomic uint64_t bytes_read_underneath;     /* meta/hostio.c */
   _Atomic uint64_t reads_underneath;          /* meta/hostio.c */
   _Atomic uint64_t reads_fetched_ahead;       /* paths/fetchahead.c */
+  _Atomic uint64_t fetches_in_background;     /* paths/fetchahead.c */
   /* Bytes written since the last flush began (meta/hostio.c), which
    * write.c flushes early once there are many.
    */

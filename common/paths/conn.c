@@ -325,6 +325,13 @@ qcow2_conn_pread (struct qcow2_conn *conn, struct qcow2_io *io, void *buf,
                                  host);
 }
 
+void
+qcow2_conn_fetch_in_background (struct qcow2_conn *conn,
+                                const struct qcow2_background_io *io)
+{
+  qcow2_fetchahead_background (conn->fetch_ahead, io);
+}
+
 /* --------------------------------------------------- new and free */
 
 struct qcow2_conn *

@@ -10,20 +10,29 @@
  * (in any order: a client's requests in flight arrive shuffled), a read
  * not in memory fetches the request size from where it begins in one
  * read and keeps it; the reads that follow inside those bytes are copied
- * from memory, and the one that reaches past them fetches the next
- * stretch.  A reader that jumps about has its last few reads in one such
- * span only by chance, hardly ever, and pays nothing but a compare.
+ * from memory.
+ *
+ * Two such spans per connection.  Where the front end gave the
+ * connection storage it may read from a thread of its own
+ * (qcow2_conn_fetch_in_background), the read that passes the middle of
+ * the newest span has that thread fetch the next stretch into the other
+ * span, while the reads decode what they have; a read that reaches into
+ * a stretch still on its way waits for it rather than asking again.
+ * Without that thread the read that reaches past the held bytes fetches
+ * the next stretch itself.  A reader that jumps about has its last few
+ * reads in one span only by chance, hardly ever, and pays nothing but a
+ * compare: no buffer, no thread, no handle opened.
  *
  * Only for an image opened read-only (a writable image's bytes may
  * change under the copy), and never for an external data file.
- * Memory: one buffer of the request size (qcow2-request-size) per
- * connection, made at its first fetch ahead.
+ * Memory: two buffers of the request size (qcow2-request-size) per
+ * connection, each made at its first use.
  *
- * Offers: qcow2_fetchahead_new, qcow2_fetchahead_free,
- * qcow2_fetchahead_pread.
+ * Offers: qcow2_fetchahead_new, qcow2_fetchahead_background,
+ * qcow2_fetchahead_free, qcow2_fetchahead_pread.
  * Locks: a mutex of its own per connection, a leaf, never held across a
- * read of the storage: one thread fetches at a time, and the others read
- * for themselves meanwhile.
+ * read of the storage or a call to the front end; readers wait on its
+ * condition for a stretch being fetched.
  * Needs: host I/O.
  */
 #ifndef QCOW2_FETCHAHEAD_H
@@ -40,6 +49,16 @@ struct fetch_ahead;
  * reads straight from the storage.
  */
 struct fetch_ahead *qcow2_fetchahead_new (struct qcow2_image *img);
+
+/* Fetch from IO on a thread of FA's own (see above); FA may be NULL.
+ * Before the first read.
+ */
+void qcow2_fetchahead_background (struct fetch_ahead *fa,
+                                  const struct qcow2_background_io *io);
+
+/* Stops the thread (after the read it is making), frees the buffers.
+ * No read may be in progress.
+ */
 void qcow2_fetchahead_free (struct fetch_ahead *fa);
 
 /* Read LEN bytes of the image file at host offset HOST into BUF, as

@@ -113,6 +113,57 @@ next_io (nbdkit_next *next)
   };
 }
 
+static int
+background_open (void *opaque)
+{
+  struct next_background *bg = opaque;
+  /* nbdkit 1.32 opens a plugin once per connection (it asserts so),
+   * so the context is one of no connection.
+   */
+  nbdkit_next *next = nbdkit_next_context_open (bg->backend, 1,
+                                                bg->exportname, 1);
+
+  if (next == NULL)
+    return -EIO;
+  if (next->prepare (next) == -1) {
+    nbdkit_next_context_close (next);
+    return -EIO;
+  }
+  /* nbdkit checks each read against a size it learns when asked. */
+  if (next->get_size (next) == -1) {
+    next->finalize (next);
+    nbdkit_next_context_close (next);
+    return -EIO;
+  }
+  bg->next = next;
+  return 0;
+}
+
+static int
+background_pread (void *opaque, void *buf, size_t count, uint64_t offset)
+{
+  struct next_background *bg = opaque;
+  return next_pread (bg->next, buf, count, offset);
+}
+
+struct qcow2_background_io
+next_background_io (struct next_background *bg)
+{
+  return (struct qcow2_background_io) {
+    .opaque = bg, .open = background_open, .pread = background_pread,
+  };
+}
+
+void
+next_background_close (struct next_background *bg)
+{
+  if (bg->next == NULL)
+    return;
+  bg->next->finalize (bg->next);
+  nbdkit_next_context_close (bg->next);
+  bg->next = NULL;
+}
+
 /* The same size, or the same first bytes.  The size alone is not
  * enough: another process writing the image may grow it between the two
  * looks, and that writer is just who the lock must find.  Different

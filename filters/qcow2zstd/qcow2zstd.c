@@ -39,12 +39,26 @@ static bool file_plugin_under;
  * says it can (the export is then read-only), or NULL.
  */
 static const char *plugin_cannot_write;
+/* The plugin right under the filter serves a second context beside a
+ * connection's, at once, and serves the same bytes in it although that
+ * context knows no export name (next-io.h: struct next_background):
+ * nbdkit's curl and ssh plugins (thread model serialize_requests, no
+ * export names) and its file plugin with file= (parallel; with dir= it
+ * needs the export's name).  Elsewhere (a plugin that serializes all
+ * its requests or opens one handle at a time, a filter between) the
+ * bytes ahead are fetched by the reads that need them.
+ */
+static bool plugin_reads_beside;
 
 struct handle {
   char *exportname;
   struct registry_image *image;
   struct qcow2_image *engine;
   struct qcow2_conn *conn;
+  /* The engine's background reads of a read-only image; closed once
+   * CONN is freed.
+   */
+  struct next_background background;
   bool writable;
   bool plugin_can_flush;        /* flush and FUA are offered only then */
   /* Front-end lock 1 (nbdkit-glue/README.md): held for reading by
@@ -101,6 +115,9 @@ learn_stack (void)
   if (cmdline_read (&cl) == 0 &&
       cmdline_under (&cl, "qcow2zstd", &first, &n) == 0) {
     file_plugin_under = n == 0 && strcmp (cl.plugin, "file") == 0;
+    plugin_reads_beside = n == 0 &&
+      ((file_plugin_under && options.image_file) ||
+       strcmp (cl.plugin, "curl") == 0 || strcmp (cl.plugin, "ssh") == 0);
     for (i = first; i < first + n; i++)
       cow |= strcmp (cl.filters[i], "cow") == 0;
     if (strcmp (cl.plugin, "curl") == 0 && !cow)
@@ -182,6 +199,8 @@ qcow2zstd_open (nbdkit_next_open *next, nbdkit_context *nxdata,
   }
   qcow2_rwlock_init (&h->finalize_lock, QCOW2_RANK_FINALIZE,
                      "connection finalize");
+  h->background.backend = nbdkit_context_get_backend (nxdata);
+  h->background.exportname = h->exportname;
   return h;
 }
 
@@ -276,6 +295,10 @@ qcow2zstd_prepare (nbdkit_next *next, void *handle, int readonly)
   h->conn = qcow2_conn_new (h->engine);
   if (h->conn == NULL)
     return -1;
+  if (plugin_reads_beside && !h->writable) {
+    struct qcow2_background_io bg = next_background_io (&h->background);
+    qcow2_conn_fetch_in_background (h->conn, &bg);
+  }
   return 0;
 }
 
@@ -294,6 +317,7 @@ qcow2zstd_finalize (nbdkit_next *next, void *handle)
   qcow2_rwlock_wrlock (&h->finalize_lock);
   qcow2_conn_free (h->conn);
   h->conn = NULL;
+  next_background_close (&h->background);
   if (h->image) {
     /* Every connection that can write flushes: the export's last one to
      * leave may be one that cannot.  Errors were logged; what is on disk
@@ -316,6 +340,7 @@ qcow2zstd_close (void *handle)
 
   /* finalize is skipped when prepare failed part way. */
   qcow2_conn_free (h->conn);
+  next_background_close (&h->background);
   if (h->image)
     registry_release (h->image, NULL);
   qcow2_rwlock_destroy (&h->finalize_lock);

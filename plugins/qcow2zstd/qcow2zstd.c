@@ -148,6 +148,11 @@ qcow2zstd_open (int readonly)
     free (h);
     return NULL;
   }
+  /* The file's preads are made for any number of threads at once. */
+  struct qcow2_background_io bg = {
+    .opaque = h->io->opaque, .pread = h->io->pread,
+  };
+  qcow2_conn_fetch_in_background (h->conn, &bg);
   return h;
 }
 
