@@ -96,6 +96,9 @@ l2-read-exclusive   | commit_run           | any    | replace:^\s*r = looked_up 
 refcount-block-exclusive | qcow2_alloc_fetch | any    | start:return 0;                               | test-engine-writeback
 release-block-exclusive | qcow2_frees_fetch | any     | start:return 0;                               | test-engine-writeback
 cut-not-held-back   | find_free            | any    | replace:^\s*\? a->cut_from . a->host_clusters;:    ? a->host_clusters : a->host_clusters; | test-fileio
+fetch-not-in-background | queue_next     | any    | start:return false;                           | test-engine-read test-http
+fetch-failure-retried | fetch_in_background | any  | replace:^\s*fa->background = BACKGROUND_FAILED;:      (void) 0; | test-engine-read
+fetch-straddle-refetched | spans_with    | any    | replace:^\s*\*second = other;:    return false; | test-engine-read
 reads-unregistered  | read_range           | any    | replace:^\s*if \(!registered\) \{:    if (0) { | test-engine-writeback
 copy-full-not-relooked | share_verified    | any    | replace:^\s*\? 0 . QCOW2_DEDUP_NO_SHARE;:      ? QCOW2_DEDUP_NO_SHARE : QCOW2_DEDUP_NO_SHARE; | test-shared
 data-file-unflushed | qcow2_flush_logged   | any    | replace:^\s*if \(img->data_io && img->data_io->flush\) \{:  if (0) { | test-power-loss:*-data-file* test-power-loss-plugin:*-data-file*
