@@ -227,3 +227,91 @@ stop_server
 check_clean v2.qcow2 "v2"
 qemu-img compare -q -f qcow2 -F raw v2.qcow2 v2.raw || fail "v2: data differs"
 echo "v2 image: zero, trim and write: check clean, identical"
+
+# New clusters in a hole (paths/cluster.c: new_cluster_zeroed): a 4 KiB
+# write into a cluster that read as zeros writes only its 4 KiB where
+# the file says the new host cluster is a hole, as qemu does; where the
+# room holds old bytes, or the engine discarded the host cluster itself
+# (a discard promises nothing), the rest of the cluster is written as
+# zeros.  Each case writes 4 KiB of 0x5a into 128 clusters spread over
+# the disk (and, for the reused clusters, into clusters whose host
+# clusters were freed and punched out), and must read back as the raw
+# disk written alike: zeros around each piece.
+# hole_writes SOCK RAW FIRST: the 128 writes, at cluster FIRST + 3k and
+# 1 KiB into it, through the server and into RAW.
+hole_writes ()
+{
+    $PYTHON - "$(nbd_uri "$1")" "$2" "$3" <<'EOF'
+import nbd, os, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+fd = os.open(sys.argv[2], os.O_RDWR)
+for k in range(128):
+    off = (int(sys.argv[3]) + 3 * k) * 65536 + 1024
+    h.pwrite(b"\x5a" * 4096, off)
+    os.pwrite(fd, b"\x5a" * 4096, off)
+h.flush()
+EOF
+}
+blocks () { echo $(( $(stat -c %b "$1") * 512 )); }
+
+if section holes-truncated; then
+    qemu-img create -q -f qcow2 -o cluster_size=64k holes.qcow2 64M
+    truncate -s 128M holes.qcow2
+    truncate -s 64M holes.raw
+    before=$(blocks holes.qcow2)
+    start_server "$PWD/sock" file holes.qcow2
+    hole_writes "$PWD/sock" holes.raw 0
+    stop_server
+    grown=$(( $(blocks holes.qcow2) - before ))
+    check_clean holes.qcow2 "new clusters in a hole"
+    qemu-img compare -q -f qcow2 -F raw holes.qcow2 holes.raw ||
+        fail "new clusters in a hole: data differs"
+    # 128 pieces of 4 KiB and a few metadata clusters; whole clusters
+    # would be 8 MiB.
+    [ "$grown" -lt $(( 2 * 1024 * 1024 )) ] ||
+        fail "new clusters in a hole: the file grew by $grown bytes for 512 KiB written"
+    echo "new clusters in a hole: 128 writes of 4 KiB grew the file by $grown bytes; check clean, identical"
+fi
+
+if section holes-old-bytes; then
+    qemu-img create -q -f qcow2 -o cluster_size=64k old.qcow2 64M
+    # Room that holds old bytes, as a reused disk or a partition would.
+    $PYTHON -c "
+import sys
+with open(sys.argv[1], 'ab') as f:
+    f.write(b'\xaa' * (64 << 20))
+" old.qcow2
+    truncate -s 64M old.raw
+    start_server "$PWD/sock" file old.qcow2
+    hole_writes "$PWD/sock" old.raw 0
+    stop_server
+    check_clean old.qcow2 "new clusters over old bytes"
+    qemu-img compare -q -f qcow2 -F raw old.qcow2 old.raw ||
+        fail "new clusters over old bytes: the old bytes show through"
+    echo "new clusters over old bytes: the rest of each cluster written as zeros; check clean, identical"
+fi
+
+if section holes-reused; then
+    qemu-img create -q -f qcow2 -o cluster_size=64k reused.qcow2 64M
+    truncate -s 128M reused.qcow2
+    truncate -s 64M reused.raw
+    start_server "$PWD/sock" file reused.qcow2
+    # 24 MiB of data, trimmed again: their host clusters are freed and
+    # punched out, and the writes after the flush take them.
+    $PYTHON - "$(nbd_uri "$PWD/sock")" <<'EOF'
+import nbd, os, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pwrite(os.urandom(24 << 20), 0)
+h.flush()
+h.trim(24 << 20, 0)
+h.flush()
+EOF
+    hole_writes "$PWD/sock" reused.raw 512
+    stop_server
+    check_clean reused.qcow2 "new clusters in freed clusters"
+    qemu-img compare -q -f qcow2 -F raw reused.qcow2 reused.raw ||
+        fail "new clusters in freed clusters: data differs"
+    echo "new clusters in freed, discarded clusters: written whole; check clean, identical"
+fi

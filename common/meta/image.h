@@ -107,6 +107,13 @@ struct qcow2_image {
    * under it once the free tail is cut (meta/release.c); read anywhere.
    */
   _Atomic uint64_t file_size;
+  /* No byte of the image file at or past this offset has been discarded
+   * or cut off since the image opened (meta/release.c raises it before
+   * it does either): a hole that the storage reports there is one it had
+   * already, not what a discard left, which may read as anything
+   * (base/io.h) until it is durable.
+   */
+  _Atomic uint64_t discarded_end;
   /* The image's first change of a session is still to come (cleared by
    * meta/first-change.c under the image lock held exclusively once its
    * writes, made without it, are durable; read with it held, or by

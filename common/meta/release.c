@@ -241,6 +241,16 @@ qcow2_alloc_released (const struct qcow2_image *img)
  * -EOPNOTSUPP stops the discards for good.
  */
 static void
+raise_discarded_end (struct qcow2_image *img, uint64_t end)
+{
+  uint64_t seen = atomic_load (&img->discarded_end);
+
+  while (seen < end &&
+         !atomic_compare_exchange_weak (&img->discarded_end, &seen, end))
+    ;
+}
+
+static void
 discard_run (struct qcow2_image *img, struct qcow2_io *io,
              const struct cluster_run *run, uint64_t storage_end,
              uint64_t *discarded)
@@ -254,6 +264,7 @@ discard_run (struct qcow2_image *img, struct qcow2_io *io,
     return;
   if (len > storage_end - offset)
     len = storage_end - offset;
+  raise_discarded_end (img, offset + len);
   r = io->discard (io->opaque, len, offset);
   if (r == 0) {
     *discarded += len;
@@ -353,6 +364,7 @@ cut_tail (struct qcow2_image *img, struct qcow2_io *io,
     plan->cut_from = 0;
     return;
   }
+  raise_discarded_end (img, plan->storage_end);
   r = io->truncate (io->opaque, cut);
   if (r < 0) {
     qcow2_debug_if (img, QCOW2_DEBUG_MAP, "cutting the file to %" PRIu64

@@ -514,6 +514,34 @@ merge_sectors (struct qcow2_image *img, struct qcow2_io *io,
   return r;
 }
 
+/* Whether the new host cluster HOST of a guest cluster that read as
+ * zeros (OLD) needs only the bytes written: where the storage says the
+ * host cluster reads as zeros already (a hole: a file given room with
+ * truncate, or grown), the rest of it need not be written as zeros.
+ * qemu gets the same with a write of zeros that moves no data
+ * (handle_alloc_space).  The cluster is this commit's alone, so nothing
+ * writes it meanwhile.  Only past every byte the engine discarded or cut
+ * off since the image opened (img->discarded_end): a discard promises
+ * nothing about what the bytes read afterwards.  Not for an encrypted
+ * image, whose zeros are ciphertext, nor for an external data file.
+ */
+static bool
+new_cluster_zeroed (struct qcow2_image *img, struct qcow2_io *io,
+                    const struct cluster_map *old, uint64_t host)
+{
+  const uint64_t cluster_size = img->header.cluster_size;
+  uint64_t length;
+  bool hole;
+
+  if (qcow2_image_encrypted (img) || img->data_io ||
+      !qcow2_reads_as_zeros (img, old) || io->block_status == NULL ||
+      host < atomic_load (&img->discarded_end))
+    return false;
+  return io->block_status (io->opaque, cluster_size, host, &length,
+                           &hole) == 0 &&
+    hole && length == cluster_size;
+}
+
 /* The data of the piece's clusters, with no lock held: in place, or
  * whole into the new clusters (with the old content around the new
  * bytes).  No BUF writes zeros.
@@ -576,8 +604,10 @@ plain_write (struct commit *commit, void *opaque)
       }
       continue;
     }
-    if (len == cluster_size) {
-      r = run_add (&run, src, c->host, len);
+    if (len == cluster_size ||
+        (c->action == COMMIT_NEW &&
+         new_cluster_zeroed (img, commit->io, &c->old, c->host))) {
+      r = run_add (&run, src, c->host + part_off, len);
       continue;
     }
     r = qcow2_read_old_cluster (img, commit->io, ws, &c->old, gc, merged);

@@ -95,6 +95,44 @@ next_discard (void *opaque, uint64_t count, uint64_t offset)
   return 0;
 }
 
+/* Where the plugin says it can (nbdkit's file plugin: SEEK_DATA and
+ * SEEK_HOLE), whether the bytes at OFFSET read as zeros without data:
+ * the first extent, of the ZERO type (a hole alone does not promise
+ * zeros).
+ */
+static int
+next_block_status (void *opaque, uint64_t count, uint64_t offset,
+                   uint64_t *length, bool *hole)
+{
+  nbdkit_next *next = opaque;
+  int can_extents = next->can_extents (next);
+  int64_t size = next->get_size (next);
+  struct nbdkit_extents *extents;
+  struct nbdkit_extent first;
+  int err = 0, r = -EIO;
+
+  if (can_extents == -1 || size == -1)
+    return -EIO;
+  if (can_extents == 0)
+    return -EOPNOTSUPP;
+  if (count > PIECE)
+    count = PIECE;
+  extents = nbdkit_extents_new (offset, size);
+  if (extents == NULL)
+    return -ENOMEM;
+  if (next->extents (next, count, offset, NBDKIT_FLAG_REQ_ONE, extents,
+                     &err) == -1)
+    r = -(err ? err : EIO);
+  else if (nbdkit_extents_count (extents) > 0 &&
+           (first = nbdkit_get_extent (extents, 0)).offset == offset) {
+    *length = first.length < count ? first.length : count;
+    *hole = (first.type & NBDKIT_EXTENT_ZERO) != 0;
+    r = 0;
+  }
+  nbdkit_extents_free (extents);
+  return r;
+}
+
 static int64_t
 next_size (void *opaque)
 {
@@ -110,6 +148,7 @@ next_io (nbdkit_next *next)
   return (struct qcow2_io) {
     .opaque = next, .pread = next_pread, .pwrite = next_pwrite,
     .flush = next_flush, .size = next_size, .discard = next_discard,
+    .block_status = next_block_status,
   };
 }
 

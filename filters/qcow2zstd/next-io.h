@@ -18,7 +18,8 @@
 /* The engine's struct qcow2_io over NEXT: reads and writes (in pieces
  * of at most 1 GiB, as nbdkit takes them), flush (a no-op over a plugin
  * that cannot, whose writes are as durable as it makes them), trim for
- * discard, and the plugin's size.  Valid while NEXT is.
+ * discard, extents for block status, and the plugin's size.  Valid
+ * while NEXT is.
  */
 struct qcow2_io next_io (nbdkit_next *next);
 
