@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backing.h"
@@ -511,6 +512,14 @@ bool
 qcow2_image_writable (const struct qcow2_image *img)
 {
   return img->opts.writable;
+}
+
+void
+qcow2_image_stop_background (struct qcow2_image *img)
+{
+  atomic_store (&img->background_stopped, true);
+  while (atomic_load (&img->background_reads) > 0)
+    nanosleep (&(struct timespec) { .tv_nsec = 1000000 }, NULL);
 }
 
 void

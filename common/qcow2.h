@@ -113,6 +113,12 @@ int qcow2_image_named_files (const struct qcow2_image *image,
                              int (*fn) (void *opaque, const char *path,
                                         bool written),
                              void *opaque);
+/* Stop the connections' threads that fetch ahead from reading the
+ * storage: returns once none is reading, and none starts again.  For a
+ * front end whose code and storage go away with connections left open
+ * (nbdkit's shutdown skips their close).
+ */
+void qcow2_image_stop_background (struct qcow2_image *image);
 void qcow2_image_get_stats (struct qcow2_image *image,
                             struct qcow2_stats *stats);
 

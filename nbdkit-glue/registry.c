@@ -309,6 +309,10 @@ registry_cleanup (void)
   while (pinned) {
     img = pinned;
     pinned = img->cleanup_next;
+    /* A connection left open may have a thread fetching ahead: none
+     * reads once the code and the storage below may go away.
+     */
+    qcow2_image_stop_background (img->engine);
     if (img->has_file_io)
       qcow2_finish (img->engine, &img->file_io);
     if (img->log_stats)

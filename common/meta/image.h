@@ -114,6 +114,12 @@ struct qcow2_image {
    * (base/io.h) until it is durable.
    */
   _Atomic uint64_t discarded_end;
+  /* The connections' threads that fetch ahead (paths/fetchahead.c):
+   * how many are reading the storage now, and whether they may start
+   * another read (qcow2_image_stop_background).
+   */
+  _Atomic unsigned background_reads;
+  _Atomic bool background_stopped;
   /* The image's first change of a session is still to come (cleared by
    * meta/first-change.c under the image lock held exclusively once its
    * writes, made without it, are durable; read with it held, or by

@@ -236,6 +236,17 @@ fetch_in_background (void *opaque)
       break;
     s = fa->job;
     fa->job = NULL;
+    /* Counted before the flag is looked at, as the stop sets the flag
+     * before it looks at the count: one of the two sees the other.
+     */
+    atomic_fetch_add (&fa->img->background_reads, 1);
+    if (atomic_load (&fa->img->background_stopped)) {
+      atomic_fetch_sub (&fa->img->background_reads, 1);
+      s->state = SPAN_EMPTY;
+      fa->background = BACKGROUND_FAILED;
+      pthread_cond_broadcast (&fa->changed);
+      continue;
+    }
     qcow2_mutex_unlock (&fa->lock);
     r = qcow2_pread_clamped (fa->img, &io, s->buf, s->end - s->start,
                              s->start);
@@ -253,6 +264,7 @@ fetch_in_background (void *opaque)
       fa->background = BACKGROUND_FAILED;
     }
     pthread_cond_broadcast (&fa->changed);
+    atomic_fetch_sub (&fa->img->background_reads, 1);
   }
   qcow2_mutex_unlock (&fa->lock);
   return NULL;
