@@ -51,6 +51,10 @@
 #   BENCH_SLOW_SIZE=SIZE      the slow section's disk (1G, quick 256M)
 #   BENCH_SLOW_RUNTIME=S      seconds per fio run there (20, quick 8)
 #   BENCH_SLOW_RUNS=N         repetitions in the slow section (default 1)
+#   BENCH_SLOW_DEVICES="slow fast"  the devices of the slow section
+#   BENCH_ALLOC_VSIZE=SIZE    alloc-randwrite's disk (64G, quick 8G)
+#   BENCH_ALLOC_WRITES=N      alloc-randwrite's writes (200000, quick
+#                             40000)
 #   BENCH_FILTER2=PATH        a second build of the filter (say, main's),
 #                             measured as one more contender, next to this
 #                             one, in every workload and in the slow
@@ -70,6 +74,11 @@
 #                the raw disk: nbdkit --filter=delay file RAW
 #   fast local:  nbdkit --filter=qcow2zstd file IMG; qemu-nbd -f qcow2 IMG;
 #                nbdkit file RAW
+# and on the fast local file one more job, alloc-randwrite: 4 KiB random
+# writes at QD16 into a new, empty qcow2 of $BENCH_ALLOC_VSIZE (64k
+# clusters; for the filter given room with truncate, qemu-nbd grows its
+# file) and into a sparse raw file of that size, $BENCH_ALLOC_WRITES
+# writes each, so that most of them allocate a cluster.
 # Printed as ratios against the raw disk and against qemu-nbd, all from
 # the same run.
 #
@@ -340,7 +349,19 @@ else
     : "${BENCH_SLOW_RUNTIME:=20}"
 fi
 : "${BENCH_SLOW_DELAY:=1ms}"
+: "${BENCH_SLOW_DEVICES:=slow fast}"
+if [ "$BENCH_QUICK" = 1 ]; then
+    : "${BENCH_ALLOC_VSIZE:=8G}"
+    : "${BENCH_ALLOC_WRITES:=40000}"
+else
+    : "${BENCH_ALLOC_VSIZE:=64G}"
+    : "${BENCH_ALLOC_WRITES:=200000}"
+fi
 SLOW_JOBS=(randread randwrite randrw)
+# The jobs of each device: allocating writes only on the fast file (on
+# the slow one, a fixed number of them would take minutes).
+declare -A DEV_JOBS=([slow]="randread randwrite randrw"
+                     [fast]="randread randwrite randrw alloc-randwrite")
 SLOW_KINDS=(raw filter qemu)
 declare -A SLOW_LABEL=([raw]="raw disk" [filter]="qcow2zstd" [filter2]="qcow2zstd (2)"
                        [qemu]="qemu-nbd")
@@ -392,8 +413,8 @@ _spawn ()
 DEV_PID=
 start_slow ()
 {
-    local kind=$1 dev=$2 file=$SLOW_WORK_QCOW2 delay=() dargs=() so=$FILTER
-    [ "$kind" = raw ] && file=$SLOW_WORK_RAW
+    local kind=$1 dev=$2 file=${SERVE_QCOW2:-$SLOW_WORK_QCOW2} delay=() dargs=() so=$FILTER
+    [ "$kind" = raw ] && file=${SERVE_RAW:-$SLOW_WORK_RAW}
     [ "$kind" = filter2 ] && so=$FILTER2
     if [ "$dev" = slow ]; then
         delay=(--filter=delay)
@@ -436,18 +457,36 @@ stop_slow ()
 slow_measure ()
 {
     local kind=$1 dev=$2 job=$3 json=$RUN_DIR/slow-$1-$2-$3.json rc=0 iops
-    # On the fast local file the page cache is the device: every
-    # contender starts from the disk.
-    [ "$dev" = slow ] || drop_pages "$SLOW_WORK_RAW" "$SLOW_WORK_QCOW2"
+    local amount=(--size="$(to_bytes "$BENCH_SLOW_SIZE")" --time_based
+                  --runtime="$BENCH_SLOW_RUNTIME" --ramp_time=2)
+    local rw=$job alloc_raw=$RUN_DIR/alloc-raw.img alloc_qcow2=$RUN_DIR/alloc.qcow2
+    if [ "$job" = alloc-randwrite ]; then
+        # A new disk for every run: the writes allocate as they go.
+        rm -f "$alloc_raw" "$alloc_qcow2"
+        truncate -s "$BENCH_ALLOC_VSIZE" "$alloc_raw"
+        qemu-img create -q -f qcow2 -o cluster_size=64k "$alloc_qcow2" "$BENCH_ALLOC_VSIZE"
+        case $kind in filter|filter2) truncate -s "+$BENCH_ALLOC_VSIZE" "$alloc_qcow2" ;; esac
+        SERVE_RAW=$alloc_raw SERVE_QCOW2=$alloc_qcow2
+        amount=(--size="$(to_bytes "$BENCH_ALLOC_VSIZE")" --number_ios="$BENCH_ALLOC_WRITES")
+        rw=randwrite
+    else
+        # On the fast local file the page cache is the device: every
+        # contender starts from the disk.
+        [ "$dev" = slow ] || drop_pages "$SLOW_WORK_RAW" "$SLOW_WORK_QCOW2"
+    fi
     start_slow "$kind" "$dev"
     (cd "$RUN_DIR" && exec fio --name="$job" --ioengine=nbd --uri="$SERVER_URI" \
-        --rw="$job" --rwmixread=50 --bs=4k --iodepth=16 \
-        --size="$(to_bytes "$BENCH_SLOW_SIZE")" --time_based \
-        --runtime="$BENCH_SLOW_RUNTIME" --ramp_time=2 --randrepeat=1 \
-        --norandommap --output-format=json --output="$json") \
+        --rw="$rw" --rwmixread=50 --bs=4k --iodepth=16 "${amount[@]}" \
+        --randrepeat=1 --norandommap --output-format=json --output="$json") \
         >>"$RUN_DIR/fio.log" 2>&1 || rc=$?
     server_alive
     stop_slow
+    SERVE_RAW= SERVE_QCOW2=
+    if [ "$job" = alloc-randwrite ]; then
+        [ "$kind" = raw ] || qemu-img check -q "$alloc_qcow2" ||
+            die "qemu-img check: ${SLOW_LABEL[$kind]}'s image after $job is not clean"
+        rm -f "$alloc_raw" "$alloc_qcow2"
+    fi
     [ "$rc" -eq 0 ] || die "fio failed (status $rc) against ${SLOW_LABEL[$kind]} ($dev, $job)"
     iops=$(python3 - "$json" <<'PY'
 import json, sys
@@ -474,10 +513,11 @@ slow_section ()
     cp "$SLOW_QCOW2" "$SLOW_WORK_QCOW2"
     echo
     echo "Slow section: $BENCH_SLOW_SIZE fully allocated plain qcow2 (64k clusters) and the raw disk it was made from; fio --ioengine=nbd, 1 connection, 4 KiB, QD16, ${BENCH_SLOW_RUNTIME} s per run (after 2 s ramp), no flush; slow device: nbdkit's delay filter, delay-read=delay-write=$BENCH_SLOW_DELAY"
+    echo "Fast local file, alloc-randwrite: $BENCH_ALLOC_WRITES writes of 4 KiB at QD16 into a new, empty $BENCH_ALLOC_VSIZE qcow2 (the filter's given room with truncate) and a sparse raw file, no flush"
     [ -z "$BENCH_FILTER2" ] || echo "qcow2zstd (2): $BENCH_FILTER2 (sha256 $(sha256sum "$FILTER2" | cut -c1-12)...)"
     for rep in $(seq "$BENCH_SLOW_RUNS"); do
-        for dev in slow fast; do
-            for job in "${SLOW_JOBS[@]}"; do
+        for dev in $BENCH_SLOW_DEVICES; do
+            for job in ${DEV_JOBS[$dev]}; do
                 # Which contender goes first turns with every job.
                 turns "$rep" "${SLOW_KINDS[@]}"
                 for kind in "${ORDER[@]}"; do
@@ -493,20 +533,20 @@ slow_section ()
 slow_report ()
 {
     local dev job kind f r q v title
-    for dev in slow fast; do
+    for dev in $BENCH_SLOW_DEVICES; do
         if [ "$dev" = slow ]; then
             title="Slow device ($BENCH_SLOW_DELAY per read and write)"
         else
             title="Fast local file (page cache)"
         fi
         printf '\n%s, IOPS (reads + writes), median of %s:\n' "$title" "$BENCH_SLOW_RUNS"
-        printf '  %-10s' job
+        printf '  %-15s' job
         for kind in "${SLOW_KINDS[@]}"; do printf ' %14s' "${SLOW_LABEL[$kind]}"; done
         printf ' %12s %14s' "filter/raw" "filter/qemu"
         [ -z "$BENCH_FILTER2" ] || printf ' %12s %14s' "(2)/raw" "(2)/qemu"
         echo
-        for job in "${SLOW_JOBS[@]}"; do
-            printf '  %-10s' "$job"
+        for job in ${DEV_JOBS[$dev]}; do
+            printf '  %-15s' "$job"
             for kind in "${SLOW_KINDS[@]}"; do
                 printf ' %14s' "$(fmt 0 "$(median < "$RES_DIR/slow.$dev.$job.$kind")")"
             done
@@ -522,17 +562,24 @@ slow_report ()
         done
     done
     echo
-    echo "Targets (issue 15, informational):"
-    for job in randwrite randrw; do
-        target "slow $job: filter/raw disk" \
-            "$(ratio "$(median < "$RES_DIR/slow.slow.$job.filter")" "$(median < "$RES_DIR/slow.slow.$job.raw")")" ">=" 0.8
-        target "slow $job: filter/qemu-nbd" \
-            "$(ratio "$(median < "$RES_DIR/slow.slow.$job.filter")" "$(median < "$RES_DIR/slow.slow.$job.qemu")")" ">=" 1.5
-    done
-    target "slow randread: filter/raw disk" \
-        "$(ratio "$(median < "$RES_DIR/slow.slow.randread.filter")" "$(median < "$RES_DIR/slow.slow.randread.raw")")" ">=" 0.9
+    echo "Targets (issues 15 and 26, informational):"
+    if [[ " $BENCH_SLOW_DEVICES " == *" slow "* ]]; then
+        for job in randwrite randrw; do
+            target "slow $job: filter/raw disk" \
+                "$(ratio "$(median < "$RES_DIR/slow.slow.$job.filter")" "$(median < "$RES_DIR/slow.slow.$job.raw")")" ">=" 0.8
+            target "slow $job: filter/qemu-nbd" \
+                "$(ratio "$(median < "$RES_DIR/slow.slow.$job.filter")" "$(median < "$RES_DIR/slow.slow.$job.qemu")")" ">=" 1.5
+        done
+        target "slow randread: filter/raw disk" \
+            "$(ratio "$(median < "$RES_DIR/slow.slow.randread.filter")" "$(median < "$RES_DIR/slow.slow.randread.raw")")" ">=" 0.9
+    fi
+    [[ " $BENCH_SLOW_DEVICES " == *" fast "* ]] || return 0
+    target "fast randwrite: filter/raw disk" \
+        "$(ratio "$(median < "$RES_DIR/slow.fast.randwrite.filter")" "$(median < "$RES_DIR/slow.fast.randwrite.raw")")" ">=" 0.95
+    target "fast alloc-randwrite: filter/qemu-nbd" \
+        "$(ratio "$(median < "$RES_DIR/slow.fast.alloc-randwrite.filter")" "$(median < "$RES_DIR/slow.fast.alloc-randwrite.qemu")")" ">=" 0.95
     if [ -n "$BENCH_FILTER2" ]; then
-        for job in "${SLOW_JOBS[@]}"; do
+        for job in ${DEV_JOBS[fast]}; do
             target "fast $job: filter/filter (2)" \
                 "$(ratio "$(median < "$RES_DIR/slow.fast.$job.filter")" "$(median < "$RES_DIR/slow.fast.$job.filter2")")" ">=" 0.95
         done
