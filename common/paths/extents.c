@@ -60,7 +60,9 @@ report_add (void *opaque, uint64_t offset, uint64_t len, bool zero)
   return 0;
 }
 
-/* Ask the backing file about the range waiting for it. */
+/* Ask the backing file about the range waiting for it.  Called with
+ * the image lock held for reading, which it lets go meanwhile.
+ */
 static int
 report_backing (struct report *rep)
 {
@@ -74,8 +76,14 @@ report_backing (struct report *rep)
       from = rep->backing_start;
     if (from >= end)
       return 0;
+    /* With no lock of this image held, as every read of a backing file
+     * (base/lockorder.h: the image locks of a chain never nest); the
+     * entries being reported are a copy.
+     */
+    qcow2_rwlock_unlock (&rep->img->lock);
     r = rep->img->backing_extents (rep->img, from, end - from,
                                    report_add, rep);
+    qcow2_rwlock_rdlock (&rep->img->lock);
     if (r != 0)
       return r;
     if ((rep->len ? rep->start + rep->len : rep->backing_start) <= from) {
