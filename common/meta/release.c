@@ -236,9 +236,8 @@ qcow2_alloc_released (const struct qcow2_image *img)
   return img->alloc->nreleased;
 }
 
-/* Tell the storage that run R holds nothing; add its bytes to
- * *DISCARDED.  Only advice: a failure is a debug message, and
- * -EOPNOTSUPP stops the discards for good.
+/* Before bytes of the file up to END are discarded or cut off: new
+ * clusters there are not taken for holes any more (paths/cluster.c).
  */
 static void
 raise_discarded_end (struct qcow2_image *img, uint64_t end)
@@ -250,6 +249,10 @@ raise_discarded_end (struct qcow2_image *img, uint64_t end)
     ;
 }
 
+/* Tell the storage that run R holds nothing; add its bytes to
+ * *DISCARDED.  Only advice: a failure is a debug message, and
+ * -EOPNOTSUPP stops the discards for good.
+ */
 static void
 discard_run (struct qcow2_image *img, struct qcow2_io *io,
              const struct cluster_run *run, uint64_t storage_end,

@@ -115,6 +115,11 @@ next_block_status (void *opaque, uint64_t count, uint64_t offset,
     return -EIO;
   if (can_extents == 0)
     return -EOPNOTSUPP;
+  /* nbdkit asserts that a request lies inside the size it knows. */
+  if ((uint64_t) size <= offset)
+    return -EINVAL;
+  if (count > (uint64_t) size - offset)
+    count = size - offset;
   if (count > PIECE)
     count = PIECE;
   extents = nbdkit_extents_new (offset, size);
