@@ -382,11 +382,12 @@ check_builder (const struct image *img)
 
 /* Write a 16 MiB disk of clusters half random, half zeros (compressed
  * to about half a cluster each) into a new zstd image, and open it again
- * read-only with requests of 1 MiB, as S.  Fills DATA.  False, after
- * closing S, where the session could not be made.
+ * read-only with requests of 1 MiB and THREADS, as S.  Fills DATA.
+ * False, after closing S, where the session could not be made.
  */
 static bool
-open_fetch_image (struct session *s, uint8_t *data, uint64_t len)
+open_fetch_image (struct session *s, uint8_t *data, uint64_t len,
+                  unsigned threads)
 {
   const uint64_t C = 64 * KiB;
   const struct new_image spec = {
@@ -413,6 +414,7 @@ open_fetch_image (struct session *s, uint8_t *data, uint64_t len)
   opts.writable = false;
   opts.compress = false;
   opts.request_size = 1 * MiB;
+  opts.threads = threads;
   CHECK_EQ (session_open_io (s, &opts), 0);
   if (s->conn == NULL) {
     session_close (s);
@@ -445,7 +447,7 @@ test_fetch_ahead (void)
   unsigned long reads;
   struct session s;
 
-  if (!open_fetch_image (&s, data, len))
+  if (!open_fetch_image (&s, data, len, default_options.threads))
     goto out;
 
   /* 256 reads of one cluster in order: about 8 MiB of compressed data,
@@ -478,14 +480,15 @@ struct background_watch {
   pthread_t caller;             /* the test's thread, which calls the engine */
   atomic_uint opens, opens_elsewhere, preads, preads_on_caller;
   int fail_errno;               /* every read fails with it, if set */
-  /* The first read waits until the test has made two more reads of the
-   * disk, for at most a minute, and says whether they came: they come
-   * only if the fetch runs beside the reads (a read that made the fetch
-   * itself would be waiting for itself).
+  /* The gate (read_in_order): the thread's first read says it has begun
+   * (GATE_REACHED) and waits, for at most a minute, until the test lets
+   * it go (GATE_OPEN); the test, which knows a fetch is coming once the
+   * storage was opened, waits for it to begin, makes two more reads of
+   * the disk meanwhile (OVERLAPPED), and lets it go.
    */
   bool gate;
-  atomic_bool gate_reached, gate_opened;
-  atomic_ulong reads_done;      /* by the test */
+  atomic_bool gate_reached, gate_open, gate_timed_out;
+  bool overlapped;
 };
 
 static int
@@ -510,14 +513,10 @@ background_pread (void *opaque, void *buf, size_t count, uint64_t offset)
   if (w->fail_errno)
     return -w->fail_errno;
   if (w->gate && !atomic_exchange (&w->gate_reached, true)) {
-    unsigned long from = atomic_load (&w->reads_done);
-    for (unsigned ms = 0; ms < 60000; ++ms) {
-      if (atomic_load (&w->reads_done) >= from + 2) {
-        atomic_store (&w->gate_opened, true);
-        break;
-      }
+    unsigned ms;
+    for (ms = 0; ms < 60000 && !atomic_load (&w->gate_open); ++ms)
       nanosleep (&(struct timespec) { .tv_nsec = 1000000 }, NULL);
-    }
+    atomic_store (&w->gate_timed_out, !atomic_load (&w->gate_open));
   }
   if (offset > w->mio->size || count > w->mio->size - offset)
     return -EIO;
@@ -528,7 +527,11 @@ background_pread (void *opaque, void *buf, size_t count, uint64_t offset)
 }
 
 /* Read the whole disk in order, one cluster at a time, with the bytes
- * ahead fetched through W, counting the reads in W.
+ * ahead fetched through W.  With W's gate: the read that opened W has
+ * queued the first fetch, on the middle of the stretch it read from;
+ * once the thread has begun it, two more reads (of the same stretch)
+ * are made while it is held.  A fetch made by the reads themselves
+ * would never begin while the test waits between reads.
  */
 static void
 read_in_order (struct session *s, struct background_watch *w,
@@ -536,17 +539,37 @@ read_in_order (struct session *s, struct background_watch *w,
 {
   const uint64_t piece = 64 * KiB;
   uint8_t *back = xmalloc (len);
+  bool gated = false;
 
   for (uint64_t off = 0; off < len; off += piece) {
     CHECK_EQ (do_read (s, back + off, piece, off), 0);
-    atomic_fetch_add (&w->reads_done, 1);
+    if (w->gate && !gated && atomic_load (&w->opens) > 0) {
+      unsigned ms, k;
+
+      gated = true;
+      for (ms = 0; ms < 60000 && !atomic_load (&w->gate_reached); ++ms)
+        nanosleep (&(struct timespec) { .tv_nsec = 1000000 }, NULL);
+      if (atomic_load (&w->gate_reached)) {
+        for (k = 0; k < 2 && off + piece < len; ++k) {
+          off += piece;
+          CHECK_EQ (do_read (s, back + off, piece, off), 0);
+        }
+        w->overlapped = k == 2;
+      }
+      atomic_store (&w->gate_open, true);
+    }
   }
   CHECK (memcmp (back, data, len) == 0);
   free (back);
 }
 
 /* The bytes ahead of a sequential reader, fetched by a thread of the
- * engine's while the reads go on; random readers start nothing.
+ * engine's while the reads go on; random readers start nothing.  One
+ * thread, so no readahead: each read of the test reads its one cluster
+ * and no more, and the two reads made while the fetch is held lie in
+ * the stretch held (the fetch is queued on the middle of a stretch of
+ * some 32 compressed clusters).  With readahead, a read could reach into
+ * the stretch on its way and wait for it.
  */
 static void
 test_fetch_in_background (void)
@@ -561,7 +584,7 @@ test_fetch_in_background (void)
   unsigned long own_reads;
   struct session s;
 
-  if (!open_fetch_image (&s, data, len))
+  if (!open_fetch_image (&s, data, len, 1))
     goto out;
   w.mio = &s.mio;
   qcow2_conn_fetch_in_background (s.conn, &bg);
@@ -582,7 +605,8 @@ test_fetch_in_background (void)
   CHECK_EQ (atomic_load (&w.opens_elsewhere), 0);
   CHECK (atomic_load (&w.preads) >= 5);
   CHECK_EQ (atomic_load (&w.preads_on_caller), 0);
-  CHECK (atomic_load (&w.gate_opened));
+  CHECK (w.overlapped);
+  CHECK (!atomic_load (&w.gate_timed_out));
   CHECK (own_reads <= 6);
   qcow2_image_get_stats (s.img, &stats);
   CHECK_EQ (stats.fetches_in_background, atomic_load (&w.preads));
@@ -596,7 +620,7 @@ test_fetch_in_background (void)
   memset (&w, 0, sizeof w);
   w.caller = pthread_self ();
   w.fail_errno = EIO;
-  if (!open_fetch_image (&s, data, len))
+  if (!open_fetch_image (&s, data, len, 1))
     goto out;
   w.mio = &s.mio;
   qcow2_conn_fetch_in_background (s.conn, &bg);
