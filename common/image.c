@@ -541,6 +541,7 @@ qcow2_image_get_stats (struct qcow2_image *img, struct qcow2_stats *stats)
   stats->cluster_cache_hits = cs.hits;
   stats->cluster_cache_misses = cs.misses;
   stats->cluster_cache_evictions = cs.evictions;
+  stats->cluster_cache_refused = cs.refused;
   qcow2_l2_cache_stats (img, &cs);
   stats->l2_cache_hits = cs.hits;
   stats->l2_cache_misses = cs.misses;

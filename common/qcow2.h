@@ -46,6 +46,7 @@ struct qcow2_stats {
   uint64_t cluster_cache_hits;
   uint64_t cluster_cache_misses;
   uint64_t cluster_cache_evictions;
+  uint64_t cluster_cache_refused; /* decoded clusters not admitted */
   uint64_t l2_cache_hits;
   uint64_t l2_cache_misses;
   uint64_t l2_cache_evictions;

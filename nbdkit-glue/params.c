@@ -637,14 +637,15 @@ params_log_stats (struct qcow2_image *img, const char *exportname)
   qcow2_image_get_stats (img, &s);
   nbdkit_debug ("qcow2zstd: stats for export '%s': %" PRIu64 " clusters "
                 "decompressed, cluster cache %" PRIu64 " hits %" PRIu64
-                " misses %" PRIu64 " evictions (%.0f%% hits), L2 cache %"
+                " misses %" PRIu64 " evictions %" PRIu64 " not admitted "
+                "(%.0f%% hits), L2 cache %"
                 PRIu64 " hits %" PRIu64 " misses %" PRIu64 " evictions, %"
                 PRIu64 " bytes in %" PRIu64 " reads underneath, %" PRIu64
                 " reads from bytes fetched ahead (%" PRIu64 " fetches in "
                 "the background)", exportname,
                 s.clusters_decompressed,
                 s.cluster_cache_hits, s.cluster_cache_misses,
-                s.cluster_cache_evictions,
+                s.cluster_cache_evictions, s.cluster_cache_refused,
                 s.cluster_cache_hits + s.cluster_cache_misses
                 ? 100.0 * s.cluster_cache_hits /
                   (s.cluster_cache_hits + s.cluster_cache_misses) : 0.0,

@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* qcow2zstd engine: sharded CLOCK cache of fixed-size slots. */
+/* qcow2zstd engine: sharded CLOCK cache of fixed-size slots, with a
+ * frequency sketch per shard for admission (base/cache.h).
+ */
 
 #include <config.h>
 
@@ -14,6 +16,17 @@
 #define MAX_SHARDS 16
 #define EMPTY UINT32_MAX
 
+/* The frequency sketch: SKETCH_ROWS rows of counters, each key counted in
+ * one counter per row (a count-min sketch), so a key's estimate is its
+ * smallest counter.  Counters stop at 15: only "more often than the
+ * victim" is asked, and small counters halve quickly.  Every
+ * SKETCH_PERIOD accesses per slot all counters halve, so that what was
+ * hot long ago loses its claim.
+ */
+#define SKETCH_ROWS 4
+#define SKETCH_MAX 15
+#define SKETCH_PERIOD 10
+
 struct shard {
   struct qcow2_mutex lock;
   uint32_t nslots;            /* capacity */
@@ -24,7 +37,10 @@ struct shard {
   uint64_t *keys;             /* per slot */
   uint8_t *referenced;        /* per slot: the CLOCK bit */
   uint8_t *data;              /* nslots * slot_size */
-  uint64_t hits, misses, evictions;
+  uint8_t *sketch;            /* SKETCH_ROWS rows of sketch_mask + 1 */
+  uint32_t sketch_mask;
+  uint64_t accesses;          /* counted since the last halving */
+  uint64_t hits, misses, evictions, refused;
 } __attribute__ ((aligned (64)));
 
 struct qcow2_cache {
@@ -84,7 +100,13 @@ qcow2_cache_new (size_t slot_size, uint64_t total_bytes)
     s->keys = calloc (s->nslots, sizeof *s->keys);
     s->referenced = calloc (s->nslots, 1);
     s->data = malloc ((size_t) s->nslots * slot_size);
-    if (!s->table || !s->keys || !s->referenced || !s->data) {
+    /* Four to eight counters per row for each slot: over one period
+     * (SKETCH_PERIOD accesses per slot) the other keys then add about
+     * two to a counter, and the least of four rows less.
+     */
+    s->sketch_mask = 2 * table_size - 1;
+    s->sketch = calloc ((size_t) SKETCH_ROWS * 2 * table_size, 1);
+    if (!s->table || !s->keys || !s->referenced || !s->data || !s->sketch) {
       qcow2_cache_free (cache);
       return NULL;
     }
@@ -107,6 +129,7 @@ qcow2_cache_free (struct qcow2_cache *cache)
     free (s->keys);
     free (s->referenced);
     free (s->data);
+    free (s->sketch);
   }
   free (cache);
 }
@@ -151,6 +174,48 @@ remove_at (struct shard *s, uint32_t pos)
   s->table[pos] = EMPTY;
 }
 
+/* The counter of row ROW for the key of HASH. */
+static inline uint8_t *
+sketch_counter (const struct shard *s, uint64_t hash, unsigned row)
+{
+  uint64_t h = mix (hash + (row + 1) * UINT64_C (0x9e3779b97f4a7c15));
+
+  return &s->sketch[(size_t) row * (s->sketch_mask + 1) +
+                    (h & s->sketch_mask)];
+}
+
+static unsigned
+sketch_estimate (const struct shard *s, uint64_t hash)
+{
+  unsigned row, least = SKETCH_MAX;
+
+  for (row = 0; row < SKETCH_ROWS; ++row) {
+    unsigned c = *sketch_counter (s, hash, row);
+    if (c < least)
+      least = c;
+  }
+  return least;
+}
+
+static void
+sketch_count (struct shard *s, uint64_t hash)
+{
+  unsigned row;
+
+  for (row = 0; row < SKETCH_ROWS; ++row) {
+    uint8_t *c = sketch_counter (s, hash, row);
+    if (*c < SKETCH_MAX)
+      ++*c;
+  }
+  if (++s->accesses >= (uint64_t) SKETCH_PERIOD * s->nslots) {
+    size_t i, n = (size_t) SKETCH_ROWS * (s->sketch_mask + 1);
+
+    for (i = 0; i < n; ++i)
+      s->sketch[i] >>= 1;
+    s->accesses = 0;
+  }
+}
+
 bool
 qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
                  size_t offset, void *dst, size_t len)
@@ -162,6 +227,8 @@ qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
   if (s->nslots == 0)
     return false;
   qcow2_mutex_lock (&s->lock);
+  if (len)
+    sketch_count (s, hash);
   pos = find (s, key, hash);
   slot = s->table[pos];
   if (slot == EMPTY) {
@@ -177,8 +244,9 @@ qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
   return true;
 }
 
-static void put_locked (struct qcow2_cache *cache, struct shard *s,
-                        uint64_t key, uint64_t hash, const void *src);
+static bool put_locked (struct qcow2_cache *cache, struct shard *s,
+                        uint64_t key, uint64_t hash, const void *src,
+                        bool admit_by_frequency);
 
 void
 qcow2_cache_put (struct qcow2_cache *cache, uint64_t key, const void *src)
@@ -189,8 +257,23 @@ qcow2_cache_put (struct qcow2_cache *cache, uint64_t key, const void *src)
   if (s->nslots == 0)
     return;
   qcow2_mutex_lock (&s->lock);
-  put_locked (cache, s, key, hash, src);
+  put_locked (cache, s, key, hash, src, false);
   qcow2_mutex_unlock (&s->lock);
+}
+
+bool
+qcow2_cache_offer (struct qcow2_cache *cache, uint64_t key, const void *src)
+{
+  uint64_t hash;
+  struct shard *s = shard_of (cache, key, &hash);
+  bool stored;
+
+  if (s->nslots == 0)
+    return false;
+  qcow2_mutex_lock (&s->lock);
+  stored = put_locked (cache, s, key, hash, src, true);
+  qcow2_mutex_unlock (&s->lock);
+  return stored;
 }
 
 void
@@ -204,13 +287,19 @@ qcow2_cache_put_if (struct qcow2_cache *cache, uint64_t key, const void *src,
     return;
   qcow2_mutex_lock (&s->lock);
   if (atomic_load (generation) == expected)
-    put_locked (cache, s, key, hash, src);
+    put_locked (cache, s, key, hash, src, false);
   qcow2_mutex_unlock (&s->lock);
 }
 
-static void
+/* Store KEY, evicting CLOCK's choice if the shard is full; with
+ * ADMIT_BY_FREQUENCY, only if KEY beats that choice in the sketch.  A
+ * refused key leaves the hand on the victim, which the next offer then
+ * faces again: the coldest key found so far stays the one to beat.
+ */
+static bool
 put_locked (struct qcow2_cache *cache, struct shard *s,
-            uint64_t key, uint64_t hash, const void *src)
+            uint64_t key, uint64_t hash, const void *src,
+            bool admit_by_frequency)
 {
   uint32_t pos, slot;
 
@@ -225,6 +314,12 @@ put_locked (struct qcow2_cache *cache, struct shard *s,
         s->hand = (s->hand + 1) % s->nslots;
       }
       slot = s->hand;
+      if (admit_by_frequency &&
+          sketch_estimate (s, hash) <=
+          sketch_estimate (s, mix (s->keys[slot]))) {
+        s->refused++;
+        return false;
+      }
       s->hand = (s->hand + 1) % s->nslots;
       remove_at (s, find (s, s->keys[slot], mix (s->keys[slot])));
       s->evictions++;
@@ -235,6 +330,7 @@ put_locked (struct qcow2_cache *cache, struct shard *s,
   }
   s->referenced[slot] = 0;
   memcpy (s->data + (size_t) slot * cache->slot_size, src, cache->slot_size);
+  return true;
 }
 
 void
@@ -281,6 +377,7 @@ qcow2_cache_get_stats (struct qcow2_cache *cache,
     stats->hits += s->hits;
     stats->misses += s->misses;
     stats->evictions += s->evictions;
+    stats->refused += s->refused;
     stats->slots += s->nslots;
     stats->used += s->used;
     qcow2_mutex_unlock (&s->lock);

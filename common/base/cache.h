@@ -21,6 +21,7 @@ struct qcow2_cache_stats {
   uint64_t hits;
   uint64_t misses;
   uint64_t evictions;
+  uint64_t refused;           /* offers not admitted */
   uint64_t slots;             /* capacity in slots */
   uint64_t used;              /* slots holding data */
 };
@@ -32,7 +33,9 @@ struct qcow2_cache *qcow2_cache_new (size_t slot_size, uint64_t total_bytes);
 void qcow2_cache_free (struct qcow2_cache *cache);
 
 /* If KEY is cached, copy LEN bytes from OFFSET inside its slot to DST
- * and return true.  OFFSET + LEN must not exceed the slot size.
+ * and return true.  OFFSET + LEN must not exceed the slot size.  A get
+ * with LEN > 0 counts as an access of KEY for admission, hit or miss; a
+ * get with LEN 0 only asks whether KEY is cached.
  */
 bool qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
                       size_t offset, void *dst, size_t len);
@@ -42,6 +45,13 @@ bool qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
  */
 void qcow2_cache_put (struct qcow2_cache *cache, uint64_t key,
                       const void *src);
+
+/* Like qcow2_cache_put, but a key not cached yet goes into a full shard
+ * only if it was accessed more often lately than the key it would evict
+ * (see Admission above).  Returns whether KEY is now cached.
+ */
+bool qcow2_cache_offer (struct qcow2_cache *cache, uint64_t key,
+                        const void *src);
 
 /* Like qcow2_cache_put, but only if *GENERATION still equals EXPECTED,
  * checked under the shard's lock.  A writer that bumps the generation

@@ -51,11 +51,16 @@ decode_one (struct chunk *c, struct job *j, struct thread_state *ts)
     if (j->part_len)
       memcpy (j->part_dst, out + j->part_off, j->part_len);
     /* A readahead runs without the image lock: the clusters may have
-     * been released since it read them.
+     * been released since it read them.  What a readahead or a prefetch
+     * decodes is stored, as it was decoded for a reader to come; the
+     * cluster a reader missed is only offered, so that random misses do
+     * not push out clusters read more often.
      */
     if (c->readahead)
       qcow2_cache_put_if (img->cluster_cache, j->key, out,
                           &img->free_generation, c->generation);
+    else if (j->part_len)
+      qcow2_cache_offer (img->cluster_cache, j->key, out);
     else
       qcow2_cache_put (img->cluster_cache, j->key, out);
   }
