@@ -102,6 +102,8 @@ fetch-straddle-refetched | spans_with    | any    | replace:^\s*\*second = other
 new-cluster-zeros-trusted | new_cluster_zeroed | any | replace:^\s*hole && length == cluster_size;:    true; | test-write-edge:holes-old-bytes
 new-cluster-zeros-written | new_cluster_zeroed | any | start:return false;                       | test-write-edge:holes-truncated
 new-cluster-after-discard | new_cluster_zeroed | any | replace:^\s*host < atomic_load \(&img->discarded_end\)\):      false) | test-power-loss-plugin:plugin-create
+cache-admits-everything | qcow2_cache_offer | any | replace:^\s*stored = put_locked \(cache, s, key, hash, src, true\);:  stored = put_locked (cache, s, key, hash, src, false); | test-cache
+cache-admits-ties   | put_locked           | any    | replace:^\s*sketch_estimate \(s, hash\) <=:          sketch_estimate (s, hash) < | test-cache
 reads-unregistered  | read_range           | any    | replace:^\s*if \(!registered\) \{:    if (0) { | test-engine-writeback
 copy-full-not-relooked | share_verified    | any    | replace:^\s*\? 0 . QCOW2_DEDUP_NO_SHARE;:      ? QCOW2_DEDUP_NO_SHARE : QCOW2_DEDUP_NO_SHARE; | test-shared
 data-file-unflushed | qcow2_flush_logged   | any    | replace:^\s*if \(img->data_io && img->data_io->flush\) \{:  if (0) { | test-power-loss:*-data-file* test-power-loss-plugin:*-data-file*
