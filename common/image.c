@@ -433,8 +433,8 @@ qcow2_image_open (struct qcow2_io *io, const struct qcow2_log *log,
     r = qcow2_map_open (img, io, opts->l2_cache_size);
   if (r < 0)
     goto fail;
-  img->cluster_cache = qcow2_cache_new (img->header.cluster_size,
-                                        opts->cluster_cache_size);
+  img->cluster_cache = qcow2_cache_new_admitting (img->header.cluster_size,
+                                                  opts->cluster_cache_size);
   if (img->cluster_cache == NULL) {
     qcow2_error (img, "out of memory for the cluster cache");
     r = -ENOMEM;

@@ -336,7 +336,7 @@ static void
 test_model (size_t slot_size, uint64_t total, uint64_t nkeys,
             unsigned ops, uint64_t seed, bool never_evicts)
 {
-  struct qcow2_cache *cache = qcow2_cache_new (slot_size, total);
+  struct qcow2_cache *cache = qcow2_cache_new_admitting (slot_size, total);
   uint32_t *version = calloc (nkeys, sizeof *version);   /* 0: absent */
   uint8_t *slot = malloc (slot_size), *out = malloc (slot_size);
   struct qcow2_cache_stats st;
@@ -516,35 +516,48 @@ test_threads (uint64_t total, uint64_t nkeys)
  * ones read once each: offered, the hot keys must stay cached (with puts
  * a fifth of their reads or more miss).
  */
+/* A reader of KEY (slots of SLOT bytes, version 0): true if it hit, with
+ * the key's bytes; on a miss the key is offered, or put if !OFFERING.
+ */
+static bool
+read_or_insert (struct qcow2_cache *cache, size_t slot_size, uint64_t key,
+                bool offering)
+{
+  uint8_t slot[64];
+
+  if (slot_size > sizeof slot)
+    abort ();
+  if (qcow2_cache_get (cache, key, 0, slot, slot_size)) {
+    CHECK (slot_matches (slot, 0, slot_size, slot_size, key, 0));
+    return true;
+  }
+  fill_slot (slot, slot_size, key, 0);
+  if (offering)
+    qcow2_cache_offer (cache, key, slot);
+  else
+    qcow2_cache_put (cache, key, slot);
+  return false;
+}
+
 static void
 test_admission (void)
 {
   enum { SLOT = 64, CAPACITY = 1024, LOOP = CAPACITY + CAPACITY / 4,
          ROUNDS = 10, HOT = 700, SCAN = 20 * CAPACITY };
-  uint8_t slot[SLOT];
   struct qcow2_cache_stats st;
 
   for (int offering = 0; offering <= 1; ++offering) {
-    struct qcow2_cache *cache = qcow2_cache_new (SLOT, CAPACITY * SLOT);
+    struct qcow2_cache *cache =
+      qcow2_cache_new_admitting (SLOT, CAPACITY * SLOT);
     uint64_t late_hits = 0;
 
     CHECK (cache != NULL);
     if (cache == NULL)
       return;
     for (int round = 0; round < ROUNDS; ++round)
-      for (uint64_t key = 0; key < LOOP; ++key) {
-        if (qcow2_cache_get (cache, key, 0, slot, SLOT)) {
-          CHECK (slot_matches (slot, 0, SLOT, SLOT, key, 0));
-          if (round >= 2)
-            late_hits++;
-          continue;
-        }
-        fill_slot (slot, SLOT, key, 0);
-        if (offering)
-          qcow2_cache_offer (cache, key, slot);
-        else
-          qcow2_cache_put (cache, key, slot);
-      }
+      for (uint64_t key = 0; key < LOOP; ++key)
+        if (read_or_insert (cache, SLOT, key, offering) && round >= 2)
+          late_hits++;
     qcow2_cache_get_stats (cache, &st);
     if (offering) {
       /* At best CAPACITY / LOOP = 80 %; the shards' share of the keys
@@ -561,25 +574,18 @@ test_admission (void)
   }
 
   for (int offering = 0; offering <= 1; ++offering) {
-    struct qcow2_cache *cache = qcow2_cache_new (SLOT, CAPACITY * SLOT);
+    struct qcow2_cache *cache =
+      qcow2_cache_new_admitting (SLOT, CAPACITY * SLOT);
     uint64_t hot_misses = 0, seed = 7;
 
     CHECK (cache != NULL);
     if (cache == NULL)
       return;
     for (uint64_t i = 0; i < SCAN; ++i) {
-      uint64_t keys[2] = { rng (&seed) % HOT, 1000000 + i };
-
-      for (int k = 0; k < 2; ++k)
-        if (!qcow2_cache_get (cache, keys[k], 0, slot, SLOT)) {
-          if (k == 0 && i >= 2 * CAPACITY)
-            hot_misses++;
-          fill_slot (slot, SLOT, keys[k], 0);
-          if (offering)
-            qcow2_cache_offer (cache, keys[k], slot);
-          else
-            qcow2_cache_put (cache, keys[k], slot);
-        }
+      if (!read_or_insert (cache, SLOT, rng (&seed) % HOT, offering) &&
+          i >= 2 * CAPACITY)
+        hot_misses++;
+      read_or_insert (cache, SLOT, 1000000 + i, offering);
     }
     /* Seen: 218 of 18,432 hot reads missed with offers, 6,553 with
      * puts (CLOCK's second chance is too short for a hot set this large

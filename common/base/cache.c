@@ -37,7 +37,8 @@ struct shard {
   uint64_t *keys;             /* per slot */
   uint8_t *referenced;        /* per slot: the CLOCK bit */
   uint8_t *data;              /* nslots * slot_size */
-  uint8_t *sketch;            /* SKETCH_ROWS rows of sketch_mask + 1 */
+  uint8_t *sketch;            /* SKETCH_ROWS rows of sketch_mask + 1;
+                                 * NULL: the cache does not admit */
   uint32_t sketch_mask;
   uint64_t accesses;          /* counted since the last halving */
   uint64_t hits, misses, evictions, refused;
@@ -68,8 +69,8 @@ shard_of (struct qcow2_cache *cache, uint64_t key, uint64_t *hash)
   return &cache->shards[(*hash >> 56) % cache->nshards];
 }
 
-struct qcow2_cache *
-qcow2_cache_new (size_t slot_size, uint64_t total_bytes)
+static struct qcow2_cache *
+cache_new (size_t slot_size, uint64_t total_bytes, bool admitting)
 {
   struct qcow2_cache *cache;
   uint64_t total_slots = slot_size ? total_bytes / slot_size : 0;
@@ -104,15 +105,30 @@ qcow2_cache_new (size_t slot_size, uint64_t total_bytes)
      * (SKETCH_PERIOD accesses per slot) the other keys then add about
      * two to a counter, and the least of four rows less.
      */
-    s->sketch_mask = 2 * table_size - 1;
-    s->sketch = calloc ((size_t) SKETCH_ROWS * 2 * table_size, 1);
-    if (!s->table || !s->keys || !s->referenced || !s->data || !s->sketch) {
+    if (admitting) {
+      s->sketch_mask = 2 * table_size - 1;
+      s->sketch = calloc ((size_t) SKETCH_ROWS * 2 * table_size, 1);
+    }
+    if (!s->table || !s->keys || !s->referenced || !s->data ||
+        (admitting && !s->sketch)) {
       qcow2_cache_free (cache);
       return NULL;
     }
     memset (s->table, 0xff, table_size * sizeof *s->table);
   }
   return cache;
+}
+
+struct qcow2_cache *
+qcow2_cache_new (size_t slot_size, uint64_t total_bytes)
+{
+  return cache_new (slot_size, total_bytes, false);
+}
+
+struct qcow2_cache *
+qcow2_cache_new_admitting (size_t slot_size, uint64_t total_bytes)
+{
+  return cache_new (slot_size, total_bytes, true);
 }
 
 void
@@ -227,7 +243,7 @@ qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
   if (s->nslots == 0)
     return false;
   qcow2_mutex_lock (&s->lock);
-  if (len)
+  if (len && s->sketch)
     sketch_count (s, hash);
   pos = find (s, key, hash);
   slot = s->table[pos];
@@ -292,7 +308,7 @@ qcow2_cache_put_if (struct qcow2_cache *cache, uint64_t key, const void *src,
 }
 
 /* Store KEY, evicting CLOCK's choice if the shard is full; with
- * ADMIT_BY_FREQUENCY, only if KEY beats that choice in the sketch.  A
+ * ADMIT_BY_FREQUENCY and a sketch, only if KEY beats that choice in it.  A
  * refused key leaves the hand on the victim, which the next offer then
  * faces again: the coldest key found so far stays the one to beat.
  */
@@ -314,7 +330,7 @@ put_locked (struct qcow2_cache *cache, struct shard *s,
         s->hand = (s->hand + 1) % s->nslots;
       }
       slot = s->hand;
-      if (admit_by_frequency &&
+      if (admit_by_frequency && s->sketch &&
           sketch_estimate (s, hash) <=
           sketch_estimate (s, mix (s->keys[slot]))) {
         s->refused++;

@@ -3,10 +3,22 @@
  *
  * Used for L2 tables (key: host offset of the table) and for decompressed
  * clusters (key: the compressed cluster's L2 descriptor).  All memory is
- * reserved at creation; get and put never allocate.  The cache is split
- * into shards, each with its own lock, so that lookups from many threads
- * do not queue on one mutex.  Eviction is CLOCK (second chance) per shard.
- * A cache of size 0 holds nothing: get always misses, put does nothing.
+ * reserved at creation; get, put and offer never allocate.  The cache is
+ * split into shards, each with its own lock, so that lookups from many
+ * threads do not queue on one mutex.  Eviction is CLOCK (second chance)
+ * per shard.  A cache of size 0 holds nothing: get always misses, put
+ * and offer do nothing.
+ *
+ * Admission (only in a cache made by qcow2_cache_new_admitting).  A put
+ * always stores.  An offer stores a new key into a full shard only if the
+ * key was asked for more often lately than the key CLOCK would evict for
+ * it, as counted by a frequency sketch per shard (four rows of counters
+ * that stop at 15, halved every ten accesses per slot, so that "lately"
+ * means the last few times the cache's size).  Readers who miss offer
+ * what they decoded: a working set a little larger than the cache then
+ * keeps most of it cached instead of cycling it out (CLOCK alone hits
+ * nothing on a loop one slot larger than the cache), and a scan of cold
+ * keys does not push out the hot ones.
  */
 #ifndef QCOW2_CACHE_H
 #define QCOW2_CACHE_H
@@ -30,12 +42,19 @@ struct qcow2_cache_stats {
  * (rounded down to whole slots).  Returns NULL if memory runs out.
  */
 struct qcow2_cache *qcow2_cache_new (size_t slot_size, uint64_t total_bytes);
+
+/* The same, with a frequency sketch for offers (see Admission above).  In
+ * a cache made by qcow2_cache_new, gets count nothing and an offer stores
+ * as a put does.
+ */
+struct qcow2_cache *qcow2_cache_new_admitting (size_t slot_size,
+                                               uint64_t total_bytes);
 void qcow2_cache_free (struct qcow2_cache *cache);
 
 /* If KEY is cached, copy LEN bytes from OFFSET inside its slot to DST
- * and return true.  OFFSET + LEN must not exceed the slot size.  A get
- * with LEN > 0 counts as an access of KEY for admission, hit or miss; a
- * get with LEN 0 only asks whether KEY is cached.
+ * and return true.  OFFSET + LEN must not exceed the slot size.  In an
+ * admitting cache, a get with LEN > 0 counts as an access of KEY, hit or
+ * miss; a get with LEN 0 only asks whether KEY is cached.
  */
 bool qcow2_cache_get (struct qcow2_cache *cache, uint64_t key,
                       size_t offset, void *dst, size_t len);
