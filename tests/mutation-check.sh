@@ -104,6 +104,7 @@ new-cluster-zeros-written | new_cluster_zeroed | any | start:return false;      
 new-cluster-after-discard | new_cluster_zeroed | any | replace:^\s*host < atomic_load \(&img->discarded_end\)\):      false) | test-power-loss-plugin:plugin-create
 cache-admits-everything | qcow2_cache_offer | any | replace:^\s*stored = put_locked \(cache, s, key, hash, src, true\);:  stored = put_locked (cache, s, key, hash, src, false); | test-cache
 cache-admits-ties   | put_locked           | any    | replace:^\s*sketch_estimate \(s, hash\) <=:          sketch_estimate (s, hash) < | test-cache
+cluster-cache-stores-all | qcow2_image_open  | any    | replace:^\s*img->cluster_cache = qcow2_cache_new_admitting \(img->header.cluster_size,:  img->cluster_cache = qcow2_cache_new (img->header.cluster_size, | test-engine-read
 reads-unregistered  | read_range           | any    | replace:^\s*if \(!registered\) \{:    if (0) { | test-engine-writeback
 copy-full-not-relooked | share_verified    | any    | replace:^\s*\? 0 . QCOW2_DEDUP_NO_SHARE;:      ? QCOW2_DEDUP_NO_SHARE : QCOW2_DEDUP_NO_SHARE; | test-shared
 data-file-unflushed | qcow2_flush_logged   | any    | replace:^\s*if \(img->data_io && img->data_io->flush\) \{:  if (0) { | test-power-loss:*-data-file* test-power-loss-plugin:*-data-file*

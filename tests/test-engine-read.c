@@ -631,6 +631,51 @@ test_fetch_in_background (void)
   free (data);
 }
 
+/* The image's cluster cache admits by frequency: 4 KiB read from each of
+ * 20 compressed clusters in turn, four times, through a cache of 15: the
+ * first 15 stay and hit in every later round, the other 5 are refused.
+ * A cache that stored every miss would hit nothing (each cluster evicted
+ * just before its turn).
+ */
+static void
+test_cache_admission (void)
+{
+  const uint64_t len = 16 * MiB, C = 64 * KiB, piece = 4 * KiB;
+  enum { CLUSTERS = 20, ROUNDS = 4, SLOTS = 15 };
+  uint8_t *data = xmalloc (len), back[4 * KiB];
+  struct qcow2_options opts = default_options;
+  struct qcow2_stats stats;
+  struct session s;
+
+  if (!open_fetch_image (&s, data, len, 1))
+    goto out;
+  session_close_image (&s);
+  opts.cluster_cache_size = SLOTS * C;
+  opts.threads = 1;
+  CHECK_EQ (session_open_io (&s, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    goto out;
+  }
+  /* Offsets that never continue the read before: no readahead. */
+  for (int round = 0; round < ROUNDS; ++round)
+    for (uint64_t k = 0; k < CLUSTERS; ++k) {
+      uint64_t off = k * C + 1024;
+
+      CHECK_EQ (do_read (&s, back, piece, off), 0);
+      CHECK (memcmp (back, data + off, piece) == 0);
+    }
+  qcow2_image_get_stats (s.img, &stats);
+  CHECK (stats.cluster_cache_hits >= (ROUNDS - 1) * SLOTS);
+  CHECK (stats.cluster_cache_refused >= (ROUNDS - 1) * (CLUSTERS - SLOTS));
+  printf ("cluster cache admission: %" PRIu64 " hits, %" PRIu64
+          " not admitted\n", stats.cluster_cache_hits,
+          stats.cluster_cache_refused);
+  session_close (&s);
+ out:
+  free (data);
+}
+
 int
 main (void)
 {
@@ -652,5 +697,6 @@ main (void)
   }
   test_fetch_ahead ();
   test_fetch_in_background ();
+  test_cache_admission ();
   return unit_finish ();
 }
