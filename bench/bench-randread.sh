@@ -27,8 +27,9 @@
 # filter's against qemu-nbd's and against the raw disk's.
 #
 # Knobs: BENCH_RUNS (3, quick 1), BENCH_RANDREAD_RUNTIME (20, quick 5),
-# BENCH_HOT (48M), BENCH_ZIPF (1.2), BENCH_JOBS (all four), BENCH_FILTER2=PATH (another build of the filter, one
-# more contender), BENCH_DIR, FILTER (see common.sh).
+# BENCH_HOT (48M), BENCH_ZIPF (1.2), BENCH_JOBS (all four),
+# BENCH_FILTER2=PATH (another build of the filter, one more contender),
+# BENCH_DIR, FILTER (see common.sh).
 
 runs=${BENCH_RUNS:-}
 source "$(dirname "${BASH_SOURCE[0]}")/common-write.sh"
@@ -82,12 +83,12 @@ serve ()
 # $RES_DIR/JOB.KIND.
 measure ()
 {
-    local kind=$1 job=$2 json=$RUN_DIR/$1-$2.json rc=0 size=()
-    [ "$job" = zstd-hot ] && size=(--size="$HOT")
-    [ "$job" = zstd-zipf ] && size=(--random_distribution="zipf:$BENCH_ZIPF")
+    local kind=$1 job=$2 json=$RUN_DIR/$1-$2.json rc=0 where=()
+    [ "$job" = zstd-hot ] && where=(--size="$HOT")
+    [ "$job" = zstd-zipf ] && where=(--random_distribution="zipf:$BENCH_ZIPF")
     serve "$kind" "$job"
     (cd "$RUN_DIR" && exec fio --ioengine=nbd --uri="$SERVER_URI" \
-        "${size[@]}" --time_based --runtime="$BENCH_RANDREAD_RUNTIME" \
+        "${where[@]}" --time_based --runtime="$BENCH_RANDREAD_RUNTIME" \
         --ramp_time=2 --randrepeat=1 --norandommap \
         --output-format=json --output="$json" \
         --name=randread --rw=randread --bs=4k --iodepth=16) \
