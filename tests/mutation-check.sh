@@ -107,6 +107,9 @@ cache-admits-ties   | put_locked           | any    | replace:^\s*sketch_estimat
 cluster-cache-stores-all | qcow2_image_open  | any    | replace:^\s*img->cluster_cache = qcow2_cache_new_admitting \(img->header.cluster_size,:  img->cluster_cache = qcow2_cache_new (img->header.cluster_size, | test-engine-read
 reads-unregistered  | read_range           | any    | replace:^\s*if \(!registered\) \{:    if (0) { | test-engine-writeback
 copy-full-not-relooked | share_verified    | any    | replace:^\s*\? 0 . QCOW2_DEDUP_NO_SHARE;:      ? QCOW2_DEDUP_NO_SHARE : QCOW2_DEDUP_NO_SHARE; | test-shared
+l2-run-kept-on-change | qcow2_l2_for_write  | any    | replace:^\s*qcow2_l2_run_forget \(img, l1_index\);:        (void) 0; | test-engine-write
+l2-runs-never-kept  | run_of               | any    | start:return 0;                               | test-engine-write
+l2-run-bitmap-lost  | run_entries          | any    | replace:^\s*bitmaps\[i\] = bitmap;:      bitmaps[i] = bitmap & 0; | test-extended-l2
 data-file-unflushed | qcow2_flush_logged   | any    | replace:^\s*if \(img->data_io && img->data_io->flush\) \{:  if (0) { | test-power-loss:*-data-file* test-power-loss-plugin:*-data-file*
 EOF
 )

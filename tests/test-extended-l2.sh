@@ -84,6 +84,36 @@ for cs in 16384 65536 2097152; do
     done
 done
 
+# Tables in one run (common/meta/map.h: kept beside the L1 entry once
+# read, and answering every later lookup): every cluster allocated (the
+# bitmaps all allocated), every cluster zero (offset 0, all zero), and
+# preallocated metadata (offsets, no subcluster allocated), each read
+# with an L2 cache of two tables, then one subcluster of the table
+# written through the filter: the table then answers as changed.
+cat base.raw base.raw > full.raw
+qemu-img convert -O qcow2 -o extended_l2=on full.raw run-alloc.qcow2
+qemu-img create -q -f qcow2 -o extended_l2=on run-zero.qcow2 4M
+qemu-io -f qcow2 -c "write -z 0 4M" run-zero.qcow2 > io.out ||
+    { cat io.out; fail "qemu-io on run-zero.qcow2"; }
+qemu-img create -q -f qcow2 -o extended_l2=on,preallocation=metadata run-prealloc.qcow2 4M
+for kind in alloc zero prealloc; do
+    img=run-$kind.qcow2
+    qemu-img convert -O raw "$img" qemu.raw
+    truncate -s +1M "$img"          # room for the filter to allocate in
+    start_server "$PWD/sock" file "$img" qcow2-l2-cache-size=128K
+    nbdcopy "$(nbd_uri "$PWD/sock")" ours.raw
+    cmp ours.raw qemu.raw || fail "$img: the filter reads other data than qemu"
+    qemu-io -f raw -c "write -P 0x66 1050000 3000" "$(nbd_uri "$PWD/sock")" > io.out ||
+        { cat io.out; fail "$img: the write through the filter failed"; }
+    nbdcopy "$(nbd_uri "$PWD/sock")" ours.raw
+    stop_server
+    qemu-img check -q "$img" || fail "$img: qemu-img check failed after the write"
+    qemu-img convert -O raw "$img" qemu.raw
+    cmp ours.raw qemu.raw || fail "$img: after a write the filter reads other data than qemu"
+    cmp -s ours.raw full.raw && [ $kind != alloc ] && fail "$img: the write left no trace"
+    echo "extended L2, one run ($kind): reads as qemu reads it, before and after a write"
+done
+
 # Writable (writing them is test-subcluster-writes.sh): served without
 # -r, at start-up with file= and at open with dir=, and a client sees a
 # writable export.

@@ -52,10 +52,12 @@ table_shared (struct qcow2_image *img, struct qcow2_io *io, uint64_t l1_index,
   return 0;
 }
 
-/* Load the table at OFFSET, as on disk, into the dirty set. */
+/* Load the table at OFFSET (L1 entry L1_INDEX's), as on disk, into the
+ * dirty set.
+ */
 static int
-load (struct qcow2_image *img, struct qcow2_io *io, uint64_t offset,
-      struct meta_table **out)
+load (struct qcow2_image *img, struct qcow2_io *io, uint64_t l1_index,
+      uint64_t offset, struct meta_table **out)
 {
   CLEANUP_FREE uint8_t *buf = malloc (img->header.cluster_size);
   int r;
@@ -64,18 +66,18 @@ load (struct qcow2_image *img, struct qcow2_io *io, uint64_t offset,
     qcow2_error (img, "out of memory for an L2 table");
     return -ENOMEM;
   }
-  r = qcow2_l2_table_read (img, io, offset, buf);
+  r = qcow2_l2_table_read (img, io, l1_index, buf);
   if (r == 0)
     r = qcow2_dirty_add (img, offset, buf, false, out);
   return r;
 }
 
-/* A new table at NEW_OFFSET holding what the table at SOURCE holds (0: an
- * empty one), in the dirty set and changed.
+/* A new table at NEW_OFFSET holding what the table at SOURCE (L1 entry
+ * L1_INDEX's) holds (0: an empty one), in the dirty set and changed.
  */
 static int
-make (struct qcow2_image *img, struct qcow2_io *io, uint64_t new_offset,
-      uint64_t source, struct meta_table **out)
+make (struct qcow2_image *img, struct qcow2_io *io, uint64_t l1_index,
+      uint64_t new_offset, uint64_t source, struct meta_table **out)
 {
   const struct meta_table *from;
   CLEANUP_FREE uint8_t *buf = NULL;
@@ -90,7 +92,7 @@ make (struct qcow2_image *img, struct qcow2_io *io, uint64_t new_offset,
     qcow2_error (img, "out of memory for an L2 table");
     return -ENOMEM;
   }
-  r = qcow2_l2_table_read (img, io, source, buf);
+  r = qcow2_l2_table_read (img, io, l1_index, buf);
   if (r == 0)
     r = qcow2_dirty_add (img, new_offset, buf, true, out);
   return r;
@@ -131,15 +133,21 @@ qcow2_l2_for_write (struct qcow2_image *img, struct qcow2_io *io,
     if (r < 0)
       return r;
     if (!shared) {
+      /* Lookups must find the table in the dirty set from now on, not
+       * the run of what is on disk.
+       */
       *out = qcow2_dirty_table (img, offset);
-      return *out ? 0 : load (img, io, offset, out);
+      r = *out ? 0 : load (img, io, l1_index, offset, out);
+      if (*out)
+        qcow2_l2_run_forget (img, l1_index);
+      return r;
     }
   }
 
   r = qcow2_alloc_clusters (img, io, 1, &new_offset);
   if (r < 0)
     return r;
-  r = make (img, io, new_offset, offset, out);
+  r = make (img, io, l1_index, new_offset, offset, out);
   if (r == 0 &&
       qcow2_regions_add (img, QCOW2_REGION_L2, new_offset, 1) < 0) {
     qcow2_error (img, "out of memory for the list of metadata regions");

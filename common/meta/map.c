@@ -30,6 +30,17 @@ struct qcow2_map {
   uint8_t *l1_changed;
   bool l1_any_changed;
   struct qcow2_cache *l2_cache;       /* raw big-endian L2 tables */
+  /* Per L1 entry: its L2 table as on disk, when every entry of it
+   * follows from the first (see run_of): that entry with RUN_KNOWN and
+   * the bitmap's kind in its reserved bits, else 0.  A lookup answered
+   * here needs neither the cache nor a read, so an L2 cache smaller than
+   * the tables costs reads only for tables that are not one run.  Set by
+   * readers (lock shared) from a table just read; cleared with the lock
+   * held exclusively when the L1 entry changes or the table is made
+   * ready for change (qcow2_l2_run_forget), so a value read with the
+   * lock held is the disk's table until the lock is let go.
+   */
+  _Atomic uint64_t *runs;
   /* Images opened for writing: the host offsets of L2 tables read from
    * disk since the allocator last took them (meta/uncounted.c checks
    * them against the refcounts).  A reader that finds the list full
@@ -39,6 +50,121 @@ struct qcow2_map {
   uint64_t loaded[QCOW2_L2_LOADED_MAX];
   _Atomic size_t nloaded;             /* changed under the lock only */
 };
+
+/* The reserved bits of a standard L2 entry (1 to 8) that a run's value
+ * uses: known, and the kind of bitmap every extended entry carries.
+ */
+#define RUN_KNOWN          (UINT64_C (1) << 1)
+#define RUN_BITMAP_SHIFT   2
+#define RUN_BITMAP_MASK    (UINT64_C (3) << RUN_BITMAP_SHIFT)
+#define RUN_FLAGS          (RUN_KNOWN | RUN_BITMAP_MASK)
+
+static const uint64_t run_bitmaps[] = {
+  0,                                    /* none allocated, none zero */
+  UINT64_C (0x00000000ffffffff),        /* every subcluster allocated */
+  UINT64_C (0xffffffff00000000),        /* every subcluster zero */
+};
+
+/* Entry I of a run starting with FIRST (a value of map->runs without its
+ * flags): consecutive host clusters if FIRST names one, else FIRST
+ * throughout (unallocated or zero).
+ */
+static inline uint64_t
+run_entry (const struct qcow2_header *h, uint64_t first, uint64_t i)
+{
+  return (first & L2E_OFFSET_MASK) ? first + (i << h->cluster_bits) : first;
+}
+
+/* How many entries of L1 entry L1_INDEX's table map clusters of the
+ * disk (the last table's others are never looked up).
+ */
+static uint64_t
+entries_in_disk (const struct qcow2_header *h, uint64_t l1_index)
+{
+  const uint64_t per_table = UINT64_C (1) << h->l2_bits;
+  const uint64_t disk_clusters =
+    (h->virtual_size + h->cluster_size - 1) >> h->cluster_bits;
+  const uint64_t first = l1_index << h->l2_bits;
+
+  if (first >= disk_clusters)
+    return 0;
+  return disk_clusters - first < per_table ? disk_clusters - first
+    : per_table;
+}
+
+/* The value map->runs keeps for the L2 table TABLE (as on disk) of L1
+ * entry L1_INDEX, or 0 if its entries inside the disk do not all follow
+ * from the first, or those past the end of the disk are not all 0 (the
+ * table is rebuilt from the value when a writer loads it: run_table).
+ * Compressed entries never follow: their offsets are bytes.
+ */
+static uint64_t
+run_of (const struct qcow2_image *img, uint64_t l1_index,
+        const uint8_t *table)
+{
+  const struct qcow2_header *h = &img->header;
+  const size_t esize = h->l2_entry_size;
+  const uint64_t n = entries_in_disk (h, l1_index);
+  uint64_t first = be64 (table), bitmap = 0, i;
+  unsigned kind;
+
+  if (n == 0 || (first & (L2E_RESERVED_MASK | L2E_COMPRESSED)))
+    return 0;
+  for (i = n * esize; i < h->cluster_size; ++i)
+    if (table[i])
+      return 0;
+  if (esize == 16)
+    bitmap = be64 (table + 8);
+  for (kind = 0; kind < 3 && run_bitmaps[kind] != bitmap; ++kind)
+    ;
+  if (kind == 3)
+    return 0;
+  for (i = 1; i < n; ++i)
+    if (be64 (table + i * esize) != run_entry (h, first, i) ||
+        (esize == 16 && be64 (table + i * esize + 8) != bitmap))
+      return 0;
+  return first | RUN_KNOWN | ((uint64_t) kind << RUN_BITMAP_SHIFT);
+}
+
+/* Entries [L2_INDEX, L2_INDEX + COUNT) of the run RUN, in host order. */
+static void
+run_entries (const struct qcow2_header *h, uint64_t run, uint64_t l2_index,
+             size_t count, uint64_t *entries, uint64_t *bitmaps)
+{
+  const uint64_t first = run & ~RUN_FLAGS;
+  const uint64_t bitmap = run_bitmaps[(run & RUN_BITMAP_MASK) >>
+                                      RUN_BITMAP_SHIFT];
+  size_t i;
+
+  for (i = 0; i < count; ++i)
+    entries[i] = run_entry (h, first, l2_index + i);
+  if (bitmaps && h->l2_entry_size == 16)
+    for (i = 0; i < count; ++i)
+      bitmaps[i] = bitmap;
+}
+
+/* The whole table of L1 entry L1_INDEX, kept as the run RUN, as on disk
+ * into BUF (a cluster).
+ */
+static void
+run_table (const struct qcow2_header *h, uint64_t l1_index, uint64_t run,
+           uint8_t *buf)
+{
+  const uint64_t n = entries_in_disk (h, l1_index);
+  const uint64_t first = run & ~RUN_FLAGS;
+  const uint64_t bitmap = run_bitmaps[(run & RUN_BITMAP_MASK) >>
+                                      RUN_BITMAP_SHIFT];
+  uint64_t i;
+
+  memset (buf, 0, h->cluster_size);
+  for (i = 0; i < n; ++i) {
+    uint8_t *at = buf + i * h->l2_entry_size;
+
+    put_be64 (at, run_entry (h, first, i));
+    if (h->l2_entry_size == 16)
+      put_be64 (at + 8, bitmap);
+  }
+}
 
 /* An L2 table at OFFSET was read from disk into the cache. */
 static void
@@ -106,7 +232,8 @@ qcow2_map_open (struct qcow2_image *img, struct qcow2_io *io,
                     "the L2 tables read since the allocator looked");
   map->l2_cache = qcow2_cache_new (h->cluster_size, l2_cache_bytes);
   map->l1 = calloc (h->l1_size ? h->l1_size : 1, sizeof *map->l1);
-  if (map->l2_cache == NULL || map->l1 == NULL)
+  map->runs = calloc (h->l1_size ? h->l1_size : 1, sizeof *map->runs);
+  if (map->l2_cache == NULL || map->l1 == NULL || map->runs == NULL)
     goto nomem;
   if (img->opts.writable &&
       (map->l1_changed = calloc (h->l1_size ? h->l1_size : 1, 1)) == NULL)
@@ -137,6 +264,7 @@ qcow2_map_close (struct qcow2_image *img)
   qcow2_cache_free (map->l2_cache);
   qcow2_mutex_destroy (&map->loaded_lock);
   free (map->l1);
+  free (map->runs);
   free (map->l1_changed);
   free (map);
   img->map = NULL;
@@ -155,6 +283,14 @@ qcow2_l1_set_entry (struct qcow2_image *img, uint64_t l1_index,
 {
   QCOW2_ASSERT (l1_index < img->header.l1_size);
   img->map->l1[l1_index] = entry;
+  qcow2_l2_run_forget (img, l1_index);
+}
+
+void
+qcow2_l2_run_forget (struct qcow2_image *img, uint64_t l1_index)
+{
+  QCOW2_ASSERT (l1_index < img->header.l1_size);
+  atomic_store_explicit (&img->map->runs[l1_index], 0, memory_order_relaxed);
 }
 
 void
@@ -257,17 +393,27 @@ qcow2_l1_unallocated (const struct qcow2_image *img, uint64_t l1_index)
 
 int
 qcow2_l2_table_read (struct qcow2_image *img, struct qcow2_io *io,
-                     uint64_t offset, uint8_t *buf)
+                     uint64_t l1_index, uint8_t *buf)
 {
   const uint32_t cluster_size = img->header.cluster_size;
+  const uint64_t offset = qcow2_l1_entry (img, l1_index) & L1E_OFFSET_MASK;
+  uint64_t run;
   int r;
 
   if (qcow2_cache_get (img->map->l2_cache, offset, 0, buf, cluster_size))
     return 0;
+  run = atomic_load_explicit (&img->map->runs[l1_index],
+                              memory_order_relaxed);
+  if (run) {
+    run_table (&img->header, l1_index, run, buf);
+    return 0;
+  }
   r = qcow2_pread_clamped (img, io, buf, cluster_size, offset);
   if (r == 0) {
     qcow2_cache_put (img->map->l2_cache, offset, buf);
     note_loaded (img->map, offset);
+    atomic_store_explicit (&img->map->runs[l1_index],
+                           run_of (img, l1_index, buf), memory_order_relaxed);
   }
   return r;
 }
@@ -465,7 +611,7 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
   uint64_t l2_entries = UINT64_C (1) << h->l2_bits;
   uint64_t l1_index = first >> h->l2_bits;
   uint64_t l2_index = first & (l2_entries - 1);
-  uint64_t l1e, l2_offset;
+  uint64_t l1e, l2_offset, run;
   const struct meta_table *changed;
   uint8_t raw[QCOW2_L2_BATCH * 16];
   size_t i, count = *n;
@@ -515,6 +661,12 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
     memcpy (raw, changed->data + l2_index * esize, count * esize);
     goto convert;
   }
+  run = atomic_load_explicit (&img->map->runs[l1_index],
+                              memory_order_relaxed);
+  if (run) {
+    run_entries (h, run, l2_index, count, entries, bitmaps);
+    return 0;
+  }
   if (!qcow2_cache_get (img->map->l2_cache, l2_offset, l2_index * esize,
                         raw, count * esize)) {
     r = qcow2_pread_clamped (img, io, l2buf, h->cluster_size, l2_offset);
@@ -522,6 +674,9 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
       return r;
     qcow2_cache_put (img->map->l2_cache, l2_offset, l2buf);
     note_loaded (img->map, l2_offset);
+    atomic_store_explicit (&img->map->runs[l1_index],
+                           run_of (img, l1_index, l2buf),
+                           memory_order_relaxed);
     memcpy (raw, l2buf + l2_index * esize, count * esize);
   }
  convert:

@@ -94,11 +94,25 @@ void qcow2_l1_copy_done (struct qcow2_image *img, struct l1_copy *copy,
  */
 bool qcow2_l1_unallocated (const struct qcow2_image *img, uint64_t l1_index);
 
-/* The L2 table at host OFFSET as on disk (from the cache, or read and
- * cached), into BUF (a cluster).  0, or -errno after logging.
+/* The L2 table L1 entry L1_INDEX names, as on disk (from the cache or
+ * its run, or read and cached), into BUF (a cluster).  0, or -errno after
+ * logging.
  */
 int qcow2_l2_table_read (struct qcow2_image *img, struct qcow2_io *io,
-                         uint64_t offset, uint8_t *buf);
+                         uint64_t l1_index, uint8_t *buf);
+
+/* L2 tables in one run.  A table whose entries inside the disk all
+ * follow from its first (consecutive host clusters, as qemu-img convert
+ * and preallocation lay a full disk out; or one value throughout), with
+ * one bitmap throughout that is none, all allocated or all zero, is kept
+ * as that first entry beside its L1 entry (8 bytes each) once read, and
+ * answers lookups with no read even after the cache let it go.  What is
+ * kept is the disk's table: it is forgotten when the L1 entry changes,
+ * and must be forgotten, with the image lock held exclusively, before a
+ * table is changed in place (meta/l2table.c does; so does a repair that
+ * rewrites tables).
+ */
+void qcow2_l2_run_forget (struct qcow2_image *img, uint64_t l1_index);
 
 /* The L2 table at OFFSET is on disk as DATA now (written back): keep it
  * in the cache.  Or it moved and is no one's any more: forget it.

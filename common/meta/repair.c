@@ -520,9 +520,13 @@ fix_copied (struct counts *c, uint64_t *fixed)
         ++*fixed;
       }
     }
-    if (r == 0 && changed)
+    if (r == 0 && changed) {
+      /* Nothing kept from before may answer for the table now. */
+      qcow2_l2_table_forget (img, off);
+      qcow2_l2_run_forget (img, i);
       r = qcow2_pwrite_meta (img, c->io, QCOW2_REGION_L2, c->buf,
                              h->cluster_size, off);
+    }
   }
   if (r == 0 && l1_changed) {
     uint8_t *l1 = malloc ((uint64_t) h->l1_size * 8);
