@@ -10,7 +10,13 @@
 # answered after $BENCH_STALL_DELAY), a fully allocated plain qcow2 of
 # random data with 16 KiB clusters (so that a small disk has many L2
 # tables: one per 32 MiB), served writable with discards passed down
-# (the filter's qcow2-discard=unmap, qemu-nbd's --discard=unmap).  The
+# (the filter's qcow2-discard=unmap, qemu-nbd's --discard=unmap).  Its
+# layout (BENCH_STALL_LAYOUT): "runs", as qemu-img convert writes it
+# (each table's clusters consecutive in the file, so each table is one
+# run, which the filter keeps in 8 bytes once read), or "scattered",
+# written by fio in random order of clusters through qemu-nbd, each
+# cluster once (no table is a run: every table must be read again
+# once the cache has let it go).  The
 # measured job: 4 KiB random reads and writes, 50/50, QD16, one
 # connection, fio --ioengine=nbd, time based, no flush.  Three ways:
 #   plain     the job alone
@@ -27,7 +33,8 @@
 # trims/plain and small-l2/plain; qemu-img check must be clean after
 # every run.
 #
-# Knobs: BENCH_RUNS (3, quick 1), BENCH_STALL_SIZE (512M, quick 256M),
+# Knobs: BENCH_RUNS (3, quick 1), BENCH_STALL_LAYOUT (runs or scattered),
+# BENCH_STALL_SIZE (512M),
 # BENCH_STALL_RUNTIME (20, quick 8), BENCH_STALL_DELAY (1ms),
 # BENCH_FILTER2=PATH (another build of the filter, one more contender),
 # BENCH_DIR, FILTER (see common.sh).
@@ -45,6 +52,11 @@ else
     BENCH_RUNS=${runs:-3}
 fi
 : "${BENCH_STALL_DELAY:=1ms}"
+: "${BENCH_STALL_LAYOUT:=runs}"
+case $BENCH_STALL_LAYOUT in
+    runs|scattered) ;;
+    *) die "BENCH_STALL_LAYOUT=$BENCH_STALL_LAYOUT: runs or scattered" ;;
+esac
 FILTER2=${BENCH_FILTER2:-}
 need_cmds nbdkit qemu-nbd qemu-img fio nbdinfo
 bench_setup stalls
@@ -60,13 +72,27 @@ DELAYS=("delay-read=$BENCH_STALL_DELAY" "delay-write=$BENCH_STALL_DELAY"
         "delay-trim=$BENCH_STALL_DELAY")
 
 dir=$BENCH_DIR/stalls-$BENCH_STALL_SIZE
-IMAGE=$dir/plain16k.qcow2
 mkdir -p "$dir"
-if [ ! -s "$IMAGE" ]; then
+if [ "$BENCH_STALL_LAYOUT" = runs ]; then
+    IMAGE=$dir/plain16k.qcow2
+else
+    IMAGE=$dir/plain16k-scattered.qcow2
+fi
+if [ ! -s "$IMAGE" ] && [ "$BENCH_STALL_LAYOUT" = runs ]; then
     msg "making $BENCH_STALL_SIZE of random data and a plain qcow2 of it (16k clusters)"
     head -c "$SIZE" /dev/urandom > "$dir/raw.tmp"
     qemu-img convert -O qcow2 -o cluster_size=16k "$dir/raw.tmp" "$IMAGE.tmp"
     rm -f "$dir/raw.tmp"
+    mv "$IMAGE.tmp" "$IMAGE"
+elif [ ! -s "$IMAGE" ]; then
+    msg "writing a plain qcow2 of $BENCH_STALL_SIZE (16k clusters) in random order of clusters"
+    qemu-img create -q -f qcow2 -o cluster_size=16k "$IMAGE.tmp" "$SIZE"
+    start_command layout qemu-nbd -f qcow2 --cache=writeback -k SOCK "$IMAGE.tmp"
+    (cd "$RUN_DIR" && exec fio --ioengine=nbd --uri="$SERVER_URI" \
+        --size="$SIZE" --name=layout --rw=randwrite --bs=16k --iodepth=1 \
+        --randrepeat=1 --refill_buffers) >"$RUN_DIR/layout.log" 2>&1 ||
+        { cat "$RUN_DIR/layout.log"; die "fio could not write the scattered image"; }
+    stop_server
     mv "$IMAGE.tmp" "$IMAGE"
 fi
 WORK=$RUN_DIR/work.qcow2
@@ -150,7 +176,7 @@ EOF
 }
 
 print_machine "Stall benchmark"
-echo "Image: $BENCH_STALL_SIZE of random data, plain qcow2, 16k clusters, every cluster allocated ($L2_TABLES L2 tables; small-l2: $((SMALL_L2 / 1024)) KiB of L2 cache, $((SMALL_L2 / CLUSTER)) tables)"
+echo "Image: $BENCH_STALL_SIZE of random data, plain qcow2, 16k clusters, every cluster allocated, layout $BENCH_STALL_LAYOUT ($L2_TABLES L2 tables; small-l2: $((SMALL_L2 / 1024)) KiB of L2 cache, $((SMALL_L2 / CLUSTER)) tables)"
 echo "Slow device: nbdkit's delay filter, ${DELAYS[*]}; job: randrw 50/50 4k QD16, ${BENCH_STALL_RUNTIME} s (after 2 s ramp), $BENCH_RUNS run(s)"
 [ -z "$FILTER2" ] || echo "Filter (2): $FILTER2 (sha256 $(sha256sum "$FILTER2" | cut -c1-12)...)"
 rounds
