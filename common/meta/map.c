@@ -617,6 +617,10 @@ qcow2_l2_entries (struct qcow2_image *img, struct qcow2_io *io,
   size_t i, count = *n;
   int r;
 
+  /* What is kept of a table read here (map->runs) is the disk's only
+   * while no writer can change it meanwhile.
+   */
+  qcow2_rwlock_assert_held (&img->lock, false);
   if (count > l2_entries - l2_index)
     count = l2_entries - l2_index;
   if (count > QCOW2_L2_BATCH)
