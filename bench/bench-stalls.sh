@@ -87,7 +87,8 @@ if [ ! -s "$IMAGE" ] && [ "$BENCH_STALL_LAYOUT" = runs ]; then
 elif [ ! -s "$IMAGE" ]; then
     msg "writing a plain qcow2 of $BENCH_STALL_SIZE (16k clusters) in random order of clusters"
     qemu-img create -q -f qcow2 -o cluster_size=16k "$IMAGE.tmp" "$SIZE"
-    start_command layout qemu-nbd -f qcow2 --cache=writeback -k SOCK "$IMAGE.tmp"
+    start_command layout qemu-nbd -f qcow2 --cache=writeback --persistent \
+        -k SOCK "$IMAGE.tmp"
     (cd "$RUN_DIR" && exec fio --ioengine=nbd --uri="$SERVER_URI" \
         --size="$SIZE" --name=layout --rw=randwrite --bs=16k --iodepth=1 \
         --randrepeat=1 --refill_buffers) >"$RUN_DIR/layout.log" 2>&1 ||

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "meta/alloc.h"
 #include "meta/bitmap.h"
 #include "paths/cluster.h"
 #include "paths/compress.h"
@@ -49,7 +50,12 @@
 static int
 reclaim (struct qcow2_image *img, struct qcow2_io *io)
 {
-  return qcow2_writeback (img, io, false);
+  int r;
+
+  qcow2_alloc_room_wanted (img, true);
+  r = qcow2_writeback (img, io, false);
+  qcow2_alloc_room_wanted (img, false);
+  return r;
 }
 
 /* qcow2_change_range over the whole range, reclaiming room as often as

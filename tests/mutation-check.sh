@@ -110,6 +110,7 @@ copy-full-not-relooked | share_verified    | any    | replace:^\s*\? 0 . QCOW2_D
 l2-run-kept-on-change | qcow2_l2_for_write  | any    | replace:^\s*qcow2_l2_run_forget \(img, l1_index\);:        (void) 0; | test-engine-write
 l2-runs-never-kept  | run_of               | any    | start:return 0;                               | test-engine-write
 l2-run-bitmap-lost  | run_entries          | any    | replace:^\s*bitmaps\[i\] = bitmap;:      bitmaps[i] = bitmap & 0; | test-extended-l2
+discards-ignore-waiters | qcow2_alloc_discard_released | any | replace:^\s*atomic_load_explicit \(&a->room_wanted, memory_order_relaxed\) == 0;:         1; | test-engine-writeback
 data-file-unflushed | qcow2_flush_logged   | any    | replace:^\s*if \(img->data_io && img->data_io->flush\) \{:  if (0) { | test-power-loss:*-data-file* test-power-loss-plugin:*-data-file*
 EOF
 )

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "qcow2.h"
+#include "meta/alloc-internal.h"
 #include "meta/corrupt.h"
 #include "lock-watch.h"
 #include "session.h"
@@ -982,6 +983,96 @@ test_reclaim_compressed (void)
   free (model);
 }
 
+/* A writer waiting for room stops the discards of the clusters the
+ * writeback is about to make reusable (meta/release.c): ten clusters
+ * trimmed apart from each other in a full file (ten runs to discard),
+ * and while the flush's writeback discards the first, a write that needs
+ * room comes in and waits for it.  The writeback discards no more: the
+ * write gets the clusters after one discard, not ten.
+ */
+struct room_waiter {
+  struct session *s;
+  uint8_t *data;
+  uint64_t C;
+  bool started;
+  pthread_t thread;
+  int result;
+};
+
+static void *
+room_waiter_thread (void *arg)
+{
+  struct room_waiter *w = arg;
+
+  w->result = do_write (w->s, w->data, 10 * w->C, 40 * w->C, false);
+  return NULL;
+}
+
+static void
+start_room_waiter (struct mem_io *m, uint64_t offset, size_t count,
+                   void *arg)
+{
+  struct room_waiter *w = arg;
+  struct timespec pause = { 0, 1000000 };
+
+  (void) m;
+  (void) offset;
+  (void) count;
+  if (w->started)
+    return;
+  w->started = true;
+  CHECK_EQ (pthread_create (&w->thread, NULL, room_waiter_thread, w), 0);
+  /* Until the writer waits for room (at most 10 s). */
+  for (unsigned i = 0; i < 10000 &&
+         atomic_load (&w->s->img->alloc->room_wanted) == 0; ++i)
+    nanosleep (&pause, NULL);
+  CHECK_EQ (atomic_load (&w->s->img->alloc->room_wanted), 1);
+}
+
+static void
+test_discards_yield_to_room (void)
+{
+  const uint64_t C = FULL_FILE_CLUSTER;
+  const struct new_image spec = full_file;
+  struct qcow2_options opts = default_options;
+  uint8_t *model = xcalloc (1, MiB);
+  struct room_waiter w = { .C = C };
+  struct session s;
+
+  opts.discard = QCOW2_DISCARD_UNMAP;
+  CHECK_EQ (session_open_new (&s, &spec, MEM_IO_DISCARD, &opts), 0);
+  if (s.conn == NULL) {
+    session_close (&s);
+    free (model);
+    return;
+  }
+  fill_pattern (model, 40 * C, 13);
+  CHECK_EQ (do_write (&s, model, 40 * C, 0, false), 0);
+  CHECK_EQ (do_flush (&s), 0);
+  for (uint64_t k = 0; k < 10; ++k) {
+    CHECK_EQ (do_trim (&s, C, 2 * k * C, false), 0);
+    memset (model + 2 * k * C, 0, C);
+  }
+  fill_pattern (model + 40 * C, 10 * C, 14);
+  w.s = &s;
+  w.data = model + 40 * C;
+  s.mio.discard_hook = start_room_waiter;
+  s.mio.discard_hook_arg = &w;
+  atomic_store (&s.mio.discards, 0);
+  CHECK_EQ (do_flush (&s), 0);
+  CHECK (w.started);
+  if (w.started)
+    pthread_join (w.thread, NULL);
+  s.mio.discard_hook = NULL;
+  CHECK_EQ (w.result, 0);
+  CHECK_EQ (atomic_load (&s.mio.discards), 1);
+  CHECK (matches_model (&s, model, 0, MiB, "after the write that waited"));
+  CHECK_EQ (do_flush (&s), 0);
+  check_file (s.mio.data, s.mio.size, true, "after the write that waited");
+  session_close (&s);
+  free (model);
+}
+
 /* ------------------------------------------------------- grace period */
 
 /* A reader held inside its pread of a data cluster (the lookup done, the
@@ -1470,6 +1561,7 @@ main (void)
   test_no_io_exclusive_release ();
   test_reclaim_plain ();
   test_reclaim_compressed ();
+  test_discards_yield_to_room ();
   test_grace_period ();
   return unit_finish ();
 }

@@ -13,6 +13,7 @@
 #ifndef QCOW2_ALLOC_INTERNAL_H
 #define QCOW2_ALLOC_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -77,6 +78,8 @@ struct qcow2_allocator {
    * is written where the cut drops the bytes.  UINT64_MAX: none.
    */
   uint64_t cut_from;
+  /* Writers waiting for a writeback to make room (qcow2_alloc_room_wanted). */
+  _Atomic unsigned room_wanted;
 
   /* uncounted.c: clusters mapped but counted 0, sorted by cluster. */
   struct uncounted *uncounted;

@@ -81,6 +81,17 @@ qcow2_alloc_room_after_writeback (const struct qcow2_image *img)
     img->alloc->cut_from != UINT64_MAX;
 }
 
+void
+qcow2_alloc_room_wanted (struct qcow2_image *img, bool waiting)
+{
+  if (waiting)
+    atomic_fetch_add_explicit (&img->alloc->room_wanted, 1,
+                               memory_order_relaxed);
+  else
+    atomic_fetch_sub_explicit (&img->alloc->room_wanted, 1,
+                               memory_order_relaxed);
+}
+
 int
 qcow2_alloc_fetch (struct qcow2_image *img, struct qcow2_io *io,
                    struct refcount_fetch *f)

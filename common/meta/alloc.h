@@ -64,4 +64,11 @@ int qcow2_alloc_fetch (struct qcow2_image *img, struct qcow2_io *io,
  */
 bool qcow2_alloc_room_after_writeback (const struct qcow2_image *img);
 
+/* A writer that found the file full waits for the writeback that makes
+ * room (WAITING true), and is done waiting (false).  Any lock mode, or
+ * none.  While a writer waits, the writeback stops discarding the
+ * clusters it is about to make reusable (meta/release.h).
+ */
+void qcow2_alloc_room_wanted (struct qcow2_image *img, bool waiting);
+
 #endif /* QCOW2_ALLOC_H */

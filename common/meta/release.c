@@ -397,12 +397,21 @@ qcow2_alloc_discard_released (struct qcow2_image *img, struct qcow2_io *io,
     cut_tail (img, io, plan);
   if (!plan->discard)
     return;
-  for (i = 0; i < plan->runs; ++i)
+  /* A writer waiting for room will write into these clusters as soon as
+   * they are reusable: a discard each (a device round trip, and scattered
+   * clusters are one run each) would give the storage nothing back for
+   * long, and keep every allocating writer waiting for all of them.  The
+   * rest are reused as they are.
+   */
+  for (i = 0; i < plan->runs &&
+         atomic_load_explicit (&a->room_wanted, memory_order_relaxed) == 0;
+       ++i)
     discard_run (img, io, &a->released[i], plan->storage_end, &discarded);
-  if (discarded)
+  if (discarded || i < plan->runs)
     qcow2_debug_if (img, QCOW2_DEBUG_MAP, "discarded %" PRIu64 " bytes "
-                    "of released clusters in %zu ranges", discarded,
-                    plan->runs);
+                    "of released clusters in %zu of %zu ranges%s",
+                    discarded, i, plan->runs,
+                    i < plan->runs ? ": a writer waits for room" : "");
 }
 
 void

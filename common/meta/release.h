@@ -107,9 +107,10 @@ size_t qcow2_alloc_released (const struct qcow2_image *img);
  * durable (written back and flushed) and no operation can read or write
  * them any more (the grace period their releases waited for in the
  * writeback has passed: qcow2_apply_frees comes after it).  With
- * qcow2-discard=unmap they are discarded first, and storage that grows
- * is cut after its last cluster in use; a failed discard or cut is only a
- * debug message.  Three calls, by the writeback alone (with the
+ * qcow2-discard=unmap they are discarded first (but once a writer waits
+ * for room, qcow2_alloc_room_wanted, the rest are reused undiscarded),
+ * and storage that grows is cut after its last cluster in use; a failed
+ * discard or cut is only a debug message.  Three calls, by the writeback alone (with the
  * writeback lock held, so that the runs held do not change under them),
  * so that the storage is told with no image lock held:
  *

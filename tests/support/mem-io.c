@@ -159,6 +159,8 @@ mem_discard (void *opaque, uint64_t count, uint64_t offset)
   atomic_fetch_add (&m->discards, 1);
   if (!allowed (m, "discard", offset, count))
     return -EIO;
+  if (m->discard_hook)
+    m->discard_hook (m, offset, count, m->discard_hook_arg);
   if (m->discard_errno)
     return -m->discard_errno;
   pthread_mutex_lock (&m->lock);

@@ -88,6 +88,10 @@ struct mem_io {
   void (*pwrite_hook) (struct mem_io *m, uint64_t offset, size_t count,
                        void *arg);
   void *pwrite_hook_arg;
+  /* The same at the start of every discard. */
+  void (*discard_hook) (struct mem_io *m, uint64_t offset, size_t count,
+                        void *arg);
+  void *discard_hook_arg;
 
   /* What the engine did. */
   atomic_ulong preads, pwrites, flushes, discards;
