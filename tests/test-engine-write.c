@@ -333,13 +333,15 @@ test_refusals (void)
 static bool
 table_is_run (const uint8_t *file, uint64_t C, uint64_t k)
 {
-  uint64_t l1 = get64 (file + 40), table = get64 (file + l1 + 8 * k);
-  uint64_t first = get64 (file + (table & 0x00fffffffffffe00)), i;
+  const uint64_t offset_mask = UINT64_C (0x00fffffffffffe00);
+  uint64_t l1 = get64 (file + 40);
+  uint64_t table = get64 (file + l1 + 8 * k) & offset_mask;
+  uint64_t first = get64 (file + table), i;
 
   for (i = 1; i < C / 8; ++i)
-    if (get64 (file + (table & 0x00fffffffffffe00) + 8 * i) != first + i * C)
+    if (get64 (file + table + 8 * i) != first + i * C)
       return false;
-  return (table & 0x00fffffffffffe00) != 0 && (first & 0x00fffffffffffe00);
+  return table != 0 && (first & offset_mask);
 }
 
 /* L2 tables in one run (meta/map.h): a disk written whole, table by table,

@@ -65,6 +65,13 @@ static const uint64_t run_bitmaps[] = {
   UINT64_C (0xffffffff00000000),        /* every subcluster zero */
 };
 
+/* The subcluster bitmap every entry of the run RUN carries. */
+static inline uint64_t
+run_bitmap (uint64_t run)
+{
+  return run_bitmaps[(run & RUN_BITMAP_MASK) >> RUN_BITMAP_SHIFT];
+}
+
 /* Entry I of a run starting with FIRST (a value of map->runs without its
  * flags): consecutive host clusters if FIRST names one, else FIRST
  * throughout (unallocated or zero).
@@ -132,8 +139,7 @@ run_entries (const struct qcow2_header *h, uint64_t run, uint64_t l2_index,
              size_t count, uint64_t *entries, uint64_t *bitmaps)
 {
   const uint64_t first = run & ~RUN_FLAGS;
-  const uint64_t bitmap = run_bitmaps[(run & RUN_BITMAP_MASK) >>
-                                      RUN_BITMAP_SHIFT];
+  const uint64_t bitmap = run_bitmap (run);
   size_t i;
 
   for (i = 0; i < count; ++i)
@@ -152,8 +158,7 @@ run_table (const struct qcow2_header *h, uint64_t l1_index, uint64_t run,
 {
   const uint64_t n = entries_in_disk (h, l1_index);
   const uint64_t first = run & ~RUN_FLAGS;
-  const uint64_t bitmap = run_bitmaps[(run & RUN_BITMAP_MASK) >>
-                                      RUN_BITMAP_SHIFT];
+  const uint64_t bitmap = run_bitmap (run);
   uint64_t i;
 
   memset (buf, 0, h->cluster_size);
