@@ -60,7 +60,7 @@ early=${samples[$from]}
 late=${samples[$((n - 1))]}
 max=$early
 for s in "${samples[@]:$from}"; do [ "$s" -gt "$max" ] && max=$s; done
-echo "rounds: $round; server RSS (KiB) after round $from $early, at the end $late, peak since $max"
+echo "rounds: $round; server RSS (KiB) after round $((from + 1)) $early, at the end $late, peak since $max"
 [ "$max" -le $((early + 32768)) ] || fail "server memory grew by $((max - early)) KiB after warm-up"
 
 qemu-img check soak.qcow2 > check.out 2>&1 || { cat check.out; fail "qemu-img check failed"; }
