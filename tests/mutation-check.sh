@@ -90,11 +90,11 @@ lazy-close-no-refcounts | qcow2_writeback_clean | any | replace:^\s*r = writebac
 create-order        | qcow2_create         | any    | replace:^  r = io->flush \(io->opaque\);:  r = 0; | test-engine-writeback test-power-loss:*-create
 create-header-unflushed | qcow2_create     | any    | replace:^    r = io->flush \(io->opaque\);:    r = 0; | test-engine-writeback test-power-loss:*-create
 claims-not-checked  | commit_run           | any    | replace:^\s*if \(qcow2_inflight_claimed \(&img->inflight, commit->first,:  if (0 && qcow2_inflight_claimed (&img->inflight, commit->first, | test-engine-writeback test-concurrent-writes
-grace-skipped       | qcow2_inflight_wait  | any    | start:return;                                 | test-engine-writeback
-corrupt-bit-overwritten | qcow2_pwrite_dirty_bit | any | replace:^\s*if \(r == 0 && atomic_load \(&img->corrupt\)\) \{:  if (0) { | test-engine-writeback
-l2-read-exclusive   | commit_run           | any    | replace:^\s*r = looked_up \? 0 . look_up \(commit\);:    r = looked_up ? 0 : 0; | test-engine-writeback
-refcount-block-exclusive | qcow2_alloc_fetch | any    | start:return 0;                               | test-engine-writeback
-release-block-exclusive | qcow2_frees_fetch | any     | start:return 0;                               | test-engine-writeback
+grace-skipped       | qcow2_inflight_wait  | any    | start:return;                                 | test-engine-writers
+corrupt-bit-overwritten | qcow2_pwrite_dirty_bit | any | replace:^\s*if \(r == 0 && atomic_load \(&img->corrupt\)\) \{:  if (0) { | test-engine-writers
+l2-read-exclusive   | commit_run           | any    | replace:^\s*r = looked_up \? 0 . look_up \(commit\);:    r = looked_up ? 0 : 0; | test-engine-writers
+refcount-block-exclusive | qcow2_alloc_fetch | any    | start:return 0;                               | test-engine-writers
+release-block-exclusive | qcow2_frees_fetch | any     | start:return 0;                               | test-engine-writers
 cut-not-held-back   | find_free            | any    | replace:^\s*\? a->cut_from . a->host_clusters;:    ? a->host_clusters : a->host_clusters; | test-fileio
 fetch-not-in-background | queue_next     | any    | start:return false;                           | test-engine-read test-http
 fetch-failure-retried | fetch_in_background | any  | replace:^\s*fa->background = BACKGROUND_FAILED;:      (void) 0; | test-engine-read
@@ -105,12 +105,12 @@ new-cluster-after-discard | new_cluster_zeroed | any | replace:^\s*host < atomic
 cache-admits-everything | qcow2_cache_offer | any | replace:^\s*stored = put_locked \(cache, s, key, hash, src, true\);:  stored = put_locked (cache, s, key, hash, src, false); | test-cache
 cache-admits-ties   | put_locked           | any    | replace:^\s*sketch_estimate \(s, hash\) <=:          sketch_estimate (s, hash) < | test-cache
 cluster-cache-stores-all | qcow2_image_open  | any    | replace:^\s*img->cluster_cache = qcow2_cache_new_admitting \(img->header.cluster_size,:  img->cluster_cache = qcow2_cache_new (img->header.cluster_size, | test-engine-read
-reads-unregistered  | read_range           | any    | replace:^\s*if \(!registered\) \{:    if (0) { | test-engine-writeback
+reads-unregistered  | read_range           | any    | replace:^\s*if \(!registered\) \{:    if (0) { | test-engine-writers
 copy-full-not-relooked | share_verified    | any    | replace:^\s*\? 0 . QCOW2_DEDUP_NO_SHARE;:      ? QCOW2_DEDUP_NO_SHARE : QCOW2_DEDUP_NO_SHARE; | test-shared
 l2-run-kept-on-change | qcow2_l2_for_write  | any    | replace:^\s*qcow2_l2_run_forget \(img, l1_index\);:        (void) 0; | test-engine-write
 l2-runs-never-kept  | run_of               | any    | start:return 0;                               | test-engine-write
 l2-run-bitmap-lost  | run_entries          | any    | replace:^\s*bitmaps\[i\] = bitmap;:      bitmaps[i] = bitmap & 0; | test-extended-l2
-discards-ignore-waiters | qcow2_alloc_discard_released | any | replace:^\s*atomic_load_explicit \(&a->room_wanted, memory_order_relaxed\) == 0;:         1; | test-engine-writeback
+discards-ignore-waiters | qcow2_alloc_discard_released | any | replace:^\s*atomic_load_explicit \(&a->room_wanted, memory_order_relaxed\) == 0;:         1; | test-engine-writers
 data-file-unflushed | qcow2_flush_logged   | any    | replace:^\s*if \(img->data_io && img->data_io->flush\) \{:  if (0) { | test-power-loss:*-data-file* test-power-loss-plugin:*-data-file*
 EOF
 )
